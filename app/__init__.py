@@ -1,0 +1,1 @@
+"""Overtake checkpoint coordinator: REST service, lifecycle, persistence, blob store and event bus."""

@@ -1,0 +1,1 @@
+"""Overtake benchmarks."""

@@ -1,0 +1,1 @@
+"""Overtake Python SDK (sync and async httpx clients) and the `overtake` command line."""
