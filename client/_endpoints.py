@@ -1,0 +1,236 @@
+"""The coordinator's routes, written once: each method builds a ``Call`` (request and response parser) and hands
+it to ``self._send``, which the sync client runs and returns, and the async client returns as a coroutine.
+
+So ``OvertakeClient.get_job(7)`` returns a ``Job`` and ``await AsyncOvertakeClient.get_job(7)`` does too; the
+return annotations below name what a call resolves to.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+import httpx
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from client._http import API, Call
+from client._upload import BlobData, prepare_blob
+from client.errors import InvalidRequest
+from client.models import (
+    AckBatch,
+    AckBatchResult,
+    AckResult,
+    Attempt,
+    AttemptCreate,
+    BarrierPolicy,
+    BlobInfo,
+    ChannelStateManifest,
+    Checkpoint,
+    CheckpointDetail,
+    CheckpointPage,
+    CheckpointStatistics,
+    CheckpointStatus,
+    Decline,
+    Event,
+    Job,
+    JobCreate,
+    JobFinish,
+    JobPage,
+    JobStatus,
+    RestorePlan,
+    SavepointRequest,
+    SubtaskAck,
+    TriggerRequest,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+_EVENTS = TypeAdapter(list[Event])
+
+
+def _model(cls: type[M]):
+    def parse(response: httpx.Response) -> M:
+        return cls.model_validate_json(response.content)
+
+    return parse
+
+
+def _events(response: httpx.Response) -> list[Event]:
+    return _EVENTS.validate_json(response.content)
+
+
+def _json(response: httpx.Response) -> Any:
+    return response.json()
+
+
+def _bytes(response: httpx.Response) -> bytes:
+    return response.content
+
+
+def _body(cls: type[BaseModel], value: BaseModel | dict[str, Any]) -> dict[str, Any]:
+    """The JSON body of a request model; a dict is validated first, so mistakes are found before sending."""
+    try:
+        model = value if isinstance(value, cls) else cls.model_validate(value)
+    except ValidationError as exc:
+        raise InvalidRequest(None, "invalid", f"invalid {cls.__name__}: {exc}", exc.errors()) from exc
+    return model.model_dump(mode="json")
+
+
+def _query(**params: Any) -> dict[str, Any]:
+    """Query parameters without the unset ones; enums as their values."""
+    return {k: getattr(v, "value", v) for k, v in params.items() if v is not None}
+
+
+def _job(job_id: int) -> str:
+    return f"{API}/jobs/{int(job_id)}"
+
+
+def _checkpoint(job_id: int, checkpoint_id: int) -> str:
+    return f"{_job(job_id)}/checkpoints/{int(checkpoint_id)}"
+
+
+class Endpoints:
+    """Every route of docs/api.md except the event stream (which needs a loop of its own per client)."""
+
+    def _send(self, call: Call[Any]) -> Any:  # pragma: no cover - provided by the clients
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------------------------------- jobs
+
+    def create_job(self, job: JobCreate | dict[str, Any]) -> Job:
+        return self._send(
+            Call("POST", f"{API}/jobs", _model(Job), json=_body(JobCreate, job), idempotent=False)
+        )
+
+    def list_jobs(self, status: JobStatus | str | None = None, limit: int = 50, offset: int = 0) -> JobPage:
+        params = _query(status=status, limit=limit, offset=offset)
+        return self._send(Call("GET", f"{API}/jobs", _model(JobPage), params=params))
+
+    def get_job(self, job_id: int) -> Job:
+        return self._send(Call("GET", _job(job_id), _model(Job)))
+
+    def cancel_job(self, job_id: int) -> Job:
+        return self._send(Call("POST", f"{_job(job_id)}/cancel", _model(Job)))
+
+    def finish_job(
+        self,
+        job_id: int,
+        status: Literal["FINISHED", "FAILED"],
+        message: str | None = None,
+        attempt: int | None = None,
+    ) -> Job:
+        body = _body(
+            JobFinish, {"status": getattr(status, "value", status), "message": message, "attempt": attempt}
+        )
+        return self._send(Call("POST", f"{_job(job_id)}/finish", _model(Job), json=body))
+
+    def start_attempt(self, job_id: int, restore_from: int | Literal["latest"] | None = "latest") -> Attempt:
+        """Open a new attempt; its ``task_token`` is shown only here (see ``with_token``)."""
+        body = _body(AttemptCreate, {"restore_from": restore_from})
+        return self._send(
+            Call("POST", f"{_job(job_id)}/attempts", _model(Attempt), json=body, idempotent=False)
+        )
+
+    # ----------------------------------------------------------------------------------------- checkpoints
+
+    def trigger_checkpoint(self, job_id: int, policy: BarrierPolicy | str | None = None) -> Checkpoint:
+        body = _body(TriggerRequest, {"policy": policy})
+        return self._send(
+            Call("POST", f"{_job(job_id)}/checkpoints", _model(Checkpoint), json=body, idempotent=False)
+        )
+
+    def trigger_savepoint(self, job_id: int, stop: bool = False) -> Checkpoint:
+        body = _body(SavepointRequest, {"stop": stop})
+        return self._send(
+            Call("POST", f"{_job(job_id)}/savepoints", _model(Checkpoint), json=body, idempotent=False)
+        )
+
+    def list_checkpoints(
+        self,
+        job_id: int,
+        status: CheckpointStatus | str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> CheckpointPage:
+        params = _query(status=status, limit=limit, offset=offset)
+        return self._send(Call("GET", f"{_job(job_id)}/checkpoints", _model(CheckpointPage), params=params))
+
+    def checkpoint_stats(self, job_id: int) -> CheckpointStatistics:
+        return self._send(Call("GET", f"{_job(job_id)}/checkpoints/stats", _model(CheckpointStatistics)))
+
+    def get_checkpoint(self, job_id: int, checkpoint_id: int) -> CheckpointDetail:
+        return self._send(Call("GET", _checkpoint(job_id, checkpoint_id), _model(CheckpointDetail)))
+
+    def channel_state(self, job_id: int, checkpoint_id: int) -> ChannelStateManifest:
+        path = f"{_checkpoint(job_id, checkpoint_id)}/channel-state"
+        return self._send(Call("GET", path, _model(ChannelStateManifest)))
+
+    # ----------------------------------------------------------------------------------------- blobs
+
+    def upload_blob(
+        self,
+        job_id: int,
+        checkpoint_id: int,
+        *,
+        attempt: int,
+        vertex: str,
+        subtask_index: int,
+        kind: Literal["operator", "channel"],
+        data: BlobData,
+    ) -> BlobInfo:
+        """Upload one subtask's state blob. Safe to retry: the coordinator stores identical content once."""
+        if kind not in ("operator", "channel"):
+            raise InvalidRequest(None, "invalid", f"blob kind must be 'operator' or 'channel', got {kind!r}")
+        blob = prepare_blob(data)
+        headers = {
+            "X-Overtake-Sha256": blob.sha256,
+            "Content-Type": "application/octet-stream",
+            "Content-Length": str(blob.body.size),
+        }
+        params = {"attempt": attempt, "vertex": vertex, "subtask_index": subtask_index, "kind": kind}
+        path = f"{_checkpoint(job_id, checkpoint_id)}/blobs"
+        return self._send(
+            Call("POST", path, _model(BlobInfo), params=params, body=blob.body, headers=headers)
+        )
+
+    def download_blob(
+        self, job_id: int, blob_id: str, start: int | None = None, end: int | None = None
+    ) -> bytes:
+        """The blob's bytes, or bytes ``start``..``end`` of it (both inclusive, as in an HTTP Range)."""
+        headers = {"Accept": "application/octet-stream"}
+        if start is not None or end is not None:
+            first = start or 0
+            if first < 0 or (end is not None and end < first):
+                raise InvalidRequest(None, "invalid", f"invalid byte range start={start!r} end={end!r}")
+            headers["Range"] = f"bytes={first}-{'' if end is None else end}"
+        return self._send(Call("GET", f"{_job(job_id)}/blobs/{blob_id}", _bytes, headers=headers))
+
+    # ----------------------------------------------------------------------------------------- acks
+
+    def ack(self, job_id: int, checkpoint_id: int, ack: SubtaskAck | dict[str, Any]) -> AckResult:
+        path = f"{_checkpoint(job_id, checkpoint_id)}/acks"
+        return self._send(Call("POST", path, _model(AckResult), json=_body(SubtaskAck, ack)))
+
+    def ack_batch(
+        self, job_id: int, checkpoint_id: int, acks: list[SubtaskAck] | list[dict[str, Any]]
+    ) -> AckBatchResult:
+        path = f"{_checkpoint(job_id, checkpoint_id)}/acks/batch"
+        return self._send(
+            Call("POST", path, _model(AckBatchResult), json=_body(AckBatch, {"acks": list(acks)}))
+        )
+
+    def decline(self, job_id: int, checkpoint_id: int, decline: Decline | dict[str, Any]) -> Checkpoint:
+        path = f"{_checkpoint(job_id, checkpoint_id)}/declines"
+        return self._send(Call("POST", path, _model(Checkpoint), json=_body(Decline, decline)))
+
+    # ----------------------------------------------------------------------------------------- recovery, events
+
+    def restore_plan(self, job_id: int, checkpoint_id: int | None = None) -> RestorePlan:
+        params = _query(checkpoint_id=checkpoint_id)
+        return self._send(Call("GET", f"{_job(job_id)}/restore-plan", _model(RestorePlan), params=params))
+
+    def event_history(self, job_id: int, after: int | None = None, limit: int = 1000) -> list[Event]:
+        params = _query(after=after, limit=limit)
+        return self._send(Call("GET", f"{_job(job_id)}/events/history", _events, params=params))
+
+    def health(self) -> dict[str, Any]:
+        return self._send(Call("GET", "/healthz", _json))

@@ -1,0 +1,108 @@
+"""``OvertakeClient``: the blocking SDK, running the shared endpoint descriptions on an ``httpx.Client``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TypeVar
+
+import httpx
+
+from client._endpoints import Endpoints
+from client._http import Attempts, Call, ClientConfig, EventStream
+from client.models import Event
+from client.sse import SSEDecoder, iter_sse
+
+T = TypeVar("T")
+
+
+class OvertakeClient(Endpoints):
+    """Talks to an Overtake coordinator.
+
+    ``base_url`` defaults to ``$OVERTAKE_URL``, then ``http://127.0.0.1:8321``; ``token`` to ``$OVERTAKE_TOKEN``.
+    Idempotent calls are retried ``retries`` times with exponential backoff from ``backoff`` seconds.
+    Use it as a context manager, or call ``close()``.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        token: str | None = None,
+        timeout: float = 30.0,
+        retries: int = 5,
+        backoff: float = 0.2,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.config = ClientConfig.resolve(base_url, token, timeout, retries, backoff)
+        self._transport = transport
+        self._http = httpx.Client(
+            base_url=self.config.base_url,
+            headers=self.config.headers(),
+            timeout=timeout,
+            transport=transport,
+        )
+
+    @property
+    def base_url(self) -> str:
+        return self.config.base_url
+
+    def with_token(self, token: str | None) -> OvertakeClient:
+        """A new client to the same coordinator with another token, e.g. an attempt's task token."""
+        c = self.config
+        return OvertakeClient(c.base_url, token or "", c.timeout, c.retries, c.backoff, self._transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> OvertakeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _send(self, call: Call[T]) -> T:
+        attempts = Attempts(self.config, call)
+        while True:
+            try:
+                response = self._http.request(
+                    call.method,
+                    call.path,
+                    params=call.params,
+                    json=call.json,
+                    content=call.body.chunks() if call.body is not None else None,
+                    headers=call.headers,
+                )
+            except httpx.TransportError as exc:
+                time.sleep(attempts.after_error(exc))
+                continue
+            if response.is_success:
+                return call.parse(response)
+            time.sleep(attempts.after_response(response))
+
+    def events(self, job_id: int, after: int | None = None, reconnect: bool = True) -> Iterator[Event]:
+        """Follow the job's events (server-sent events). A dropped connection is reopened with ``Last-Event-ID``,
+        so no event is lost or repeated; with ``reconnect=False`` the iterator ends when the stream does."""
+        stream = EventStream(self.config, job_id, after, reconnect)
+        while True:
+            headers = stream.connecting()
+            decoder = SSEDecoder()
+            try:
+                with self._http.stream(
+                    "GET", stream.path, headers=headers, timeout=stream.timeout()
+                ) as response:
+                    if not response.is_success:
+                        response.read()
+                        time.sleep(stream.after_error_response(response))
+                        continue
+                    stream.opened()
+                    for sse in iter_sse(response.iter_lines(), decoder):
+                        event = Event.model_validate_json(sse.data)
+                        stream.seen(event, sse.retry)
+                        yield event
+            except httpx.TransportError as exc:
+                time.sleep(stream.after_error(exc))
+                continue
+            delay = stream.after_close()
+            if delay is None:
+                return
+            time.sleep(delay)
