@@ -1,0 +1,1 @@
+"""Channels over TCP: message framing, output channels with priority events, input gates with credits."""

@@ -1,0 +1,182 @@
+"""Output channels: a queue of buffers waiting for credit, where a priority barrier overtakes queued buffers."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections import deque
+from collections.abc import Callable
+
+from spark_plugin.barriers import CheckpointBarrier
+from spark_plugin.channel_state import ChannelInfo
+from spark_plugin.network import wire
+from spark_plugin.network.mailbox import Mailbox
+
+_BUF = "B"
+_EVENT = "E"
+_PRIO = "P"
+_END = "END"
+
+
+class OutputChannel:
+    """One channel's sending side (Flink's subpartition plus its credit-based reader).
+
+    The subtask loop appends finished buffers and barriers; a sender thread sends a buffer only when the
+    receiver granted credit, sends events without credit, and sends priority events before everything queued.
+    ``is_available`` is False while the queue holds ``max_buffers`` buffers: that is backpressure.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        info: ChannelInfo,
+        max_buffers: int,
+        mailbox: Mailbox,
+        on_barrier_sent: Callable[[int], None],
+    ) -> None:
+        self.index = index
+        self.info = info
+        self.max_buffers = max_buffers
+        self.mailbox = mailbox
+        self.cond = threading.Condition(mailbox.lock)
+        self.queue: deque[tuple] = deque()
+        self.buffers = 0
+        self.credit = 0
+        self.sock: socket.socket | None = None
+        self.closed = False
+        self.error: BaseException | None = None
+        self.sent_buffers = 0
+        self.finished = False
+        self.sent_bytes = 0
+        self._on_barrier_sent = on_barrier_sent
+        self._threads: list[threading.Thread] = []
+
+    # ---------------------------------------------------------------- called by the subtask loop (lock held)
+
+    def is_available(self) -> bool:
+        return self.buffers < self.max_buffers
+
+    def add_buffer(self, data: bytes, records: int) -> None:
+        self.queue.append((_BUF, data, records))
+        self.buffers += 1
+        self.cond.notify_all()
+
+    def add_barrier(self, barrier: CheckpointBarrier) -> None:
+        """Queue an aligned barrier behind the buffers already queued."""
+        self.queue.append((_EVENT, barrier))
+        self.cond.notify_all()
+
+    def add_priority_barrier(self, barrier: CheckpointBarrier) -> list[tuple[bytes, int]]:
+        """Put the barrier at the head of the queue; return the buffers it overtook, in order."""
+        overtaken = [(item[1], item[2]) for item in self.queue if item[0] == _BUF]
+        self.queue.appendleft((_PRIO, barrier))
+        self.cond.notify_all()
+        return overtaken
+
+    def convert_barrier(self, checkpoint_id: int) -> list[tuple[bytes, int]] | None:
+        """Turn a queued aligned barrier into a priority one; return the buffers it overtook (None: not queued)."""
+        overtaken: list[tuple[bytes, int]] = []
+        for pos, item in enumerate(self.queue):
+            if item[0] == _EVENT and item[1].checkpoint_id == checkpoint_id:
+                del self.queue[pos]
+                self.queue.appendleft((_PRIO, item[1].as_unaligned()))
+                self.cond.notify_all()
+                return overtaken
+            if item[0] == _BUF:
+                overtaken.append((item[1], item[2]))
+        return None
+
+    def queued_barriers(self) -> list[CheckpointBarrier]:
+        return [item[1] for item in self.queue if item[0] == _EVENT]
+
+    def end(self) -> None:
+        self.queue.append((_END,))
+        self.cond.notify_all()
+
+    def drained(self) -> bool:
+        return not self.queue
+
+    # ---------------------------------------------------------------- network side
+
+    def attach(self, sock: socket.socket) -> None:
+        """Start sending on the connection the receiver opened."""
+        self.sock = sock
+        for target, name in ((self._send_loop, "send"), (self._credit_loop, "credit")):
+            t = threading.Thread(target=target, name=f"{name} {self.info.name}", daemon=True)
+            self._threads.append(t)
+            t.start()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        if self.sock is not None:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.sock.close()
+
+    def _next(self) -> tuple | None:
+        with self.cond:
+            while True:
+                if self.closed:
+                    return None
+                if self.queue:
+                    head = self.queue[0]
+                    if head[0] != _BUF:
+                        return self.queue.popleft()
+                    if self.credit > 0:
+                        self.credit -= 1
+                        self.buffers -= 1
+                        item = self.queue.popleft()
+                        self.mailbox.signal_locked()  # space freed: the loop may produce again
+                        return (_BUF, item[1], item[2], self.buffers)
+                self.cond.wait()
+
+    def _send_loop(self) -> None:
+        sock = self.sock
+        assert sock is not None
+        try:
+            while True:
+                item = self._next()
+                if item is None:
+                    return
+                kind = item[0]
+                if kind == _BUF:
+                    wire.send(sock, wire.BUFFER, item[3], item[1])
+                    self.sent_buffers += 1
+                    self.sent_bytes += len(item[1])
+                elif kind == _END:
+                    wire.send(sock, wire.END)
+                    self.finished = True
+                    return
+                else:
+                    barrier: CheckpointBarrier = item[1]
+                    wire.send_json(sock, wire.PRIORITY if kind == _PRIO else wire.EVENT, barrier.to_dict())
+                    with self.cond:
+                        self._on_barrier_sent(barrier.checkpoint_id)
+                        self.mailbox.signal_locked()
+        except OSError as e:
+            self._fail(e)
+
+    def _credit_loop(self) -> None:
+        sock = self.sock
+        assert sock is not None
+        try:
+            while True:
+                kind, aux, _ = wire.recv(sock)
+                if kind == wire.CREDIT:
+                    with self.cond:
+                        self.credit += aux
+                        self.cond.notify_all()
+        except (OSError, EOFError) as e:
+            self._fail(e)
+
+    def _fail(self, e: BaseException) -> None:
+        with self.cond:
+            if not self.closed and not self.finished:
+                self.error = e
+                self.closed = True
+            self.cond.notify_all()
+            self.mailbox.signal_locked()
