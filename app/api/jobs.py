@@ -1,0 +1,64 @@
+"""Routes for jobs and attempts."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from app.api.deps import ADMIN, TASK, CtxDep, JobId
+from app.domain import jobs, views
+from app.domain.context import get_job_or_404
+from client.models import Attempt, AttemptCreate, Job, JobCreate, JobFinish, JobPage, JobStatus
+
+router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
+
+
+@router.post("", status_code=201, dependencies=ADMIN, response_model=Job)
+async def create_job(body: JobCreate, ctx: CtxDep) -> Job:
+    """Register a job: its graph and checkpoint config. Invalid ones are refused with 422 naming the problem."""
+    async with ctx.tx() as s:
+        job = await jobs.create_job(s, body)
+        return await views.job_view(s, job)
+
+
+@router.get("", dependencies=ADMIN, response_model=JobPage)
+async def list_jobs(
+    ctx: CtxDep,
+    status: JobStatus | None = None,
+    name: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> JobPage:
+    async with ctx.tx(readonly=True) as s:
+        return await views.list_jobs(s, status, name, limit, offset)
+
+
+@router.get("/{job_id}", dependencies=TASK, response_model=Job)
+async def get_job(job_id: JobId, ctx: CtxDep) -> Job:
+    async with ctx.tx(readonly=True) as s:
+        return await views.job_view(s, await get_job_or_404(s, job_id))
+
+
+@router.post("/{job_id}/cancel", dependencies=ADMIN, response_model=Job)
+async def cancel_job(job_id: JobId, ctx: CtxDep) -> Job:
+    """Cancel a job: its pending checkpoints are aborted and its subtasks stop on the job.status event."""
+    async with ctx.tx() as s:
+        job = await jobs.cancel_job(s, job_id)
+        return await views.job_view(s, job)
+
+
+@router.post("/{job_id}/finish", dependencies=TASK, response_model=Job)
+async def finish_job(job_id: JobId, body: JobFinish, ctx: CtxDep) -> Job:
+    """Mark a job FINISHED or FAILED (with a message), as its runtime reports."""
+    async with ctx.tx() as s:
+        job = await jobs.finish_job(s, job_id, body)
+        return await views.job_view(s, job)
+
+
+@router.post("/{job_id}/attempts", status_code=201, dependencies=ADMIN, response_model=Attempt)
+async def start_attempt(job_id: JobId, ctx: CtxDep, body: AttemptCreate | None = None) -> Attempt:
+    """Start the next attempt: returns its number, a job-scoped task token (shown once) and the restore plan."""
+    body = body or AttemptCreate()
+    async with ctx.tx() as s:
+        return await jobs.start_attempt(ctx, s, job_id, body.restore_from)

@@ -1,0 +1,185 @@
+"""Routes the subtasks use: blob uploads and downloads, acks (single and batch), declines, the event stream."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import Response, StreamingResponse
+from sse_starlette.sse import EventSourceResponse
+
+from app.api.deps import TASK, CheckpointId, CommitterDep, CtxDep, JobId
+from app.blobstore import blob_key
+from app.domain import blobs, views
+from app.domain.checkpoints import decline as decline_checkpoint
+from app.domain.context import get_job_or_404, now_ms
+from app.errors import DomainError, Invalid, TooLarge
+from app.events import follow, read_log, to_sse
+from client.models import (
+    NAME_RE,
+    AckBatch,
+    AckBatchItem,
+    AckBatchResult,
+    AckResult,
+    BlobInfo,
+    Checkpoint,
+    Decline,
+    Event,
+    SubtaskAck,
+)
+
+router = APIRouter(prefix="/api/v1/jobs/{job_id}", tags=["tasks"])
+
+
+@router.post(
+    "/checkpoints/{checkpoint_id}/blobs",
+    status_code=201,
+    dependencies=TASK,
+    response_model=BlobInfo,
+    responses={200: {"model": BlobInfo, "description": "The same blob was stored before; nothing changed."}},
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}
+    },
+)
+async def upload_blob(
+    job_id: JobId,
+    checkpoint_id: CheckpointId,
+    request: Request,
+    ctx: CtxDep,
+    attempt: Annotated[int, Query(ge=1)],
+    vertex: Annotated[str, Query(min_length=1, max_length=128)],
+    subtask_index: Annotated[int, Query(ge=0)],
+    kind: Literal["operator", "channel"],
+    x_overtake_sha256: Annotated[str, Header(description="Hex sha256 of the body; verified before storing.")],
+    response: Response,
+) -> BlobInfo:
+    """Upload a subtask's operator or channel state as a streamed body. Stored only if its sha256 matches."""
+    if not NAME_RE.match(vertex):
+        raise Invalid(f"vertex {vertex!r} is not a valid vertex id")
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > ctx.settings.max_blob_size:
+        raise TooLarge(
+            f"the upload of {length} bytes exceeds the coordinator's limit of {ctx.settings.max_blob_size} bytes "
+            "(OVERTAKE_MAX_BLOB_SIZE)"
+        )
+    info, created = await blobs.upload(
+        ctx, job_id, checkpoint_id, attempt, vertex, subtask_index, kind, x_overtake_sha256, request.stream()
+    )
+    response.status_code = 201 if created else 200
+    return info
+
+
+@router.get(
+    "/blobs/{blob_id}",
+    dependencies=TASK,
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"application/octet-stream": {}}},
+        206: {"description": "The requested byte range.", "content": {"application/octet-stream": {}}},
+    },
+)
+async def download_blob(
+    job_id: JobId,
+    blob_id: str,
+    ctx: CtxDep,
+    range_: Annotated[str | None, Header(alias="range")] = None,
+) -> StreamingResponse:
+    """Download a blob, whole or a `Range: bytes=a-b` of it (206)."""
+    row = await blobs.open_blob(ctx, job_id, blob_id)
+    rng = blobs.parse_range(range_, row.size)
+    start, end = rng if rng else (0, row.size - 1)
+    headers = {
+        "Accept-Ranges": "bytes",
+        "Content-Length": str(max(0, end - start + 1)),
+        "X-Overtake-Sha256": row.sha256,
+        "ETag": f'"{row.sha256}"',
+    }
+    if rng:
+        headers["Content-Range"] = f"bytes {start}-{end}/{row.size}"
+    body = ctx.store.read_range(blob_key(job_id, blob_id), start, end) if row.size else _empty()
+    return StreamingResponse(body, status_code=206 if rng else 200, headers=headers, media_type="application/octet-stream")
+
+
+async def _empty():
+    if False:
+        yield b""
+
+
+@router.post("/checkpoints/{checkpoint_id}/acks", dependencies=TASK, response_model=AckResult)
+async def ack(job_id: JobId, checkpoint_id: CheckpointId, body: SubtaskAck, committer: CommitterDep) -> AckResult:
+    """A subtask's part of the checkpoint is durable. Answered after the ack is committed; idempotent."""
+    (result,) = await committer.submit(job_id, checkpoint_id, [body])
+    if isinstance(result, DomainError):
+        raise result
+    return result
+
+
+@router.post("/checkpoints/{checkpoint_id}/acks/batch", dependencies=TASK, response_model=AckBatchResult)
+async def ack_batch(
+    job_id: JobId, checkpoint_id: CheckpointId, body: AckBatch, committer: CommitterDep
+) -> AckBatchResult:
+    """Several subtasks' acks in one request (a Spark task hosting a chain); each item has its own status."""
+    results = await committer.submit(job_id, checkpoint_id, body.acks)
+    items = []
+    for a, r in zip(body.acks, results, strict=True):
+        if isinstance(r, DomainError):
+            items.append(AckBatchItem(vertex=a.vertex, subtask_index=a.subtask_index, ok=False, status_code=r.status_code, error=r.message))
+        else:
+            items.append(AckBatchItem(vertex=a.vertex, subtask_index=a.subtask_index, ok=True, status_code=200, result=r))
+    return AckBatchResult(items=items)
+
+
+@router.post("/checkpoints/{checkpoint_id}/declines", dependencies=TASK, response_model=Checkpoint)
+async def decline(job_id: JobId, checkpoint_id: CheckpointId, body: Decline, ctx: CtxDep) -> Checkpoint:
+    """A subtask cannot take this checkpoint: it is aborted with the subtask's reason."""
+    async with ctx.tx() as s:
+        cp = await decline_checkpoint(s, job_id, checkpoint_id, body, now_ms())
+        return views.checkpoint_model(cp)
+
+
+@router.get("/events/history", dependencies=TASK, response_model=list[Event])
+async def event_history(
+    job_id: JobId,
+    ctx: CtxDep,
+    after: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> list[Event]:
+    """The job's events after `after`, oldest first (the polling form of the stream)."""
+    async with ctx.tx(readonly=True) as s:
+        await get_job_or_404(s, job_id)
+        return await read_log(s, job_id, after, limit)
+
+
+@router.get(
+    "/events",
+    dependencies=TASK,
+    response_class=EventSourceResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "Server-sent events; resume with Last-Event-ID."}},
+)
+async def events(
+    job_id: JobId,
+    request: Request,
+    ctx: CtxDep,
+    after: Annotated[int | None, Query(ge=0)] = None,
+    last_event_id: Annotated[str | None, Header(alias="last-event-id")] = None,
+) -> EventSourceResponse:
+    """The job's event stream (SSE). A reconnecting client sends Last-Event-ID and misses nothing."""
+    async with ctx.tx(readonly=True) as s:
+        await get_job_or_404(s, job_id)
+    start = after or 0
+    if last_event_id:
+        if not last_event_id.strip().isdigit():
+            raise Invalid(f"Last-Event-ID {last_event_id!r} is not an event id (a number)")
+        start = int(last_event_id)
+
+    async def read(since: int) -> list[Event]:
+        async with ctx.tx(readonly=True) as s:
+            return await read_log(s, job_id, since)
+
+    async def stream():
+        async for e in follow(ctx.bus, read, job_id, start):
+            if await request.is_disconnected():
+                break
+            yield to_sse(e)
+
+    return EventSourceResponse(stream(), ping=10)

@@ -1,0 +1,1 @@
+"""Persistence: SQLAlchemy tables, the session context and migrations."""

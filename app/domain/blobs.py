@@ -1,0 +1,174 @@
+"""Uploads and downloads of state blobs: verified before they are stored, idempotent per subtask slot."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Literal
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from app.blobstore import Staged, blob_key, new_blob_id
+from app.db.models import BlobRow, CheckpointRow
+from app.domain.checkpoints import check_subtask, get_checkpoint_or_404
+from app.domain.context import Context, after_commit, get_job_or_404, now_ms
+from app.domain.lifecycle import ABORTED, COMPLETED
+from app.errors import Conflict, NotFound, RangeNotSatisfiable
+from app.observability import BLOB_BYTES
+from client.models import BlobInfo
+
+Kind = Literal["operator", "channel"]
+
+
+def blob_info(b: BlobRow) -> BlobInfo:
+    return BlobInfo(
+        blob_id=b.id,
+        job_id=b.job_id,
+        checkpoint_id=b.checkpoint_id,
+        vertex=b.vertex,
+        subtask_index=b.subtask_index,
+        kind=b.kind,
+        sha256=b.sha256,
+        size=b.size,
+        created_at=b.created_at,
+    )
+
+
+async def _existing(ctx: Context, job_id: int, cp_id: int, vertex: str, index: int, kind: str) -> BlobRow | None:
+    async with ctx.tx(readonly=True) as s:
+        return (
+            await s.execute(
+                select(BlobRow).where(
+                    BlobRow.job_id == job_id,
+                    BlobRow.checkpoint_id == cp_id,
+                    BlobRow.vertex == vertex,
+                    BlobRow.subtask_index == index,
+                    BlobRow.kind == kind,
+                )
+            )
+        ).scalar_one_or_none()
+
+
+def _same_or_conflict(b: BlobRow, staged: Staged, vertex: str, index: int, cp_id: int) -> BlobInfo:
+    if b.sha256 == staged.sha256 and b.size == staged.size and b.status == "stored":
+        return blob_info(b)
+    raise Conflict(
+        f"a different {b.kind} blob (sha256 {b.sha256}, {b.size} bytes) was already uploaded for subtask "
+        f"{vertex}[{index}] of checkpoint {cp_id}; a blob cannot be replaced"
+    )
+
+
+async def _precheck(ctx: Context, job_id: int, cp_id: int, attempt: int, vertex: str, index: int) -> None:
+    async with ctx.tx(readonly=True) as s:
+        job = await get_job_or_404(s, job_id)
+        cp = await get_checkpoint_or_404(s, job_id, cp_id)
+        check_subtask(job, vertex, index)
+        _check_open(cp, attempt)
+
+
+def _check_open(cp: CheckpointRow, attempt: int) -> None:
+    if cp.attempt != attempt:
+        raise Conflict(f"checkpoint {cp.id} belongs to attempt {cp.attempt}; this upload is from attempt {attempt}")
+    if cp.status == ABORTED:
+        raise Conflict(f"checkpoint {cp.id} was aborted ({cp.failure_reason}); discard its state")
+    if cp.status == COMPLETED:
+        raise Conflict(f"checkpoint {cp.id} is already COMPLETED; it takes no more uploads")
+
+
+async def upload(
+    ctx: Context,
+    job_id: int,
+    cp_id: int,
+    attempt: int,
+    vertex: str,
+    index: int,
+    kind: Kind,
+    sha256: str,
+    body: AsyncIterator[bytes],
+) -> tuple[BlobInfo, bool]:
+    """Store a blob. Returns (info, created). Nothing is stored unless the sha256 matches and the slot is free."""
+    await _precheck(ctx, job_id, cp_id, attempt, vertex, index)
+    staged = await ctx.store.stage(body, sha256, ctx.settings.max_blob_size)
+    try:
+        prior = await _existing(ctx, job_id, cp_id, vertex, index, kind)
+        if prior is not None:
+            return _same_or_conflict(prior, staged, vertex, index, cp_id), False
+        blob_id = new_blob_id()
+        key = blob_key(job_id, blob_id)
+        await ctx.store.commit(staged, key)
+        try:
+            async with ctx.tx() as s:
+                # Share-lock the checkpoint so an abort cannot slip between this check and the insert.
+                cp = (
+                    await s.execute(
+                        select(CheckpointRow)
+                        .where(CheckpointRow.job_id == job_id, CheckpointRow.id == cp_id)
+                        .with_for_update(read=True)
+                    )
+                ).scalar_one()
+                _check_open(cp, attempt)
+                row = BlobRow(
+                    id=blob_id,
+                    job_id=job_id,
+                    checkpoint_id=cp_id,
+                    vertex=vertex,
+                    subtask_index=index,
+                    kind=kind,
+                    attempt=attempt,
+                    sha256=staged.sha256,
+                    size=staged.size,
+                    status="stored",
+                    created_at=now_ms(),
+                )
+                s.add(row)
+                await s.flush()
+                size = staged.size
+                after_commit(s, lambda: BLOB_BYTES.inc(size))
+            return blob_info(row), True
+        except BaseException as exc:
+            await ctx.store.delete(key)
+            if isinstance(exc, Conflict) and isinstance(exc.__cause__, IntegrityError):
+                # A concurrent identical upload won the slot: answer as for a retry.
+                prior = await _existing(ctx, job_id, cp_id, vertex, index, kind)
+                if prior is not None:
+                    return _same_or_conflict(prior, staged, vertex, index, cp_id), False
+            raise
+    finally:
+        staged.discard()
+
+
+async def open_blob(ctx: Context, job_id: int, blob_id: str) -> BlobRow:
+    key = blob_key(job_id, blob_id)  # refuses anything that is not an issued id
+    async with ctx.tx(readonly=True) as s:
+        await get_job_or_404(s, job_id)
+        row = await s.get(BlobRow, blob_id)
+    if row is None or row.job_id != job_id or row.status != "stored":
+        raise NotFound(f"job {job_id} has no blob {blob_id}" + (" (it was released)" if row is not None else ""))
+    if await ctx.store.size(key) is None:
+        raise NotFound(f"blob {blob_id} of job {job_id} is recorded but missing from the blob store")
+    return row
+
+
+def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """Parse a single `bytes=a-b`, `bytes=a-` or `bytes=-n` range (inclusive), or None for the whole blob."""
+    if not header:
+        return None
+    unit, _, spec = header.partition("=")
+    if unit.strip() != "bytes" or "," in spec:
+        raise RangeNotSatisfiable(f"unsupported Range {header!r}: use a single 'bytes=start-end' range")
+    first, _, last = spec.strip().partition("-")
+    try:
+        if first == "":
+            n = int(last)
+            if n <= 0:
+                raise ValueError
+            start, end = max(0, size - n), size - 1
+        else:
+            start = int(first)
+            end = int(last) if last else size - 1
+    except ValueError:
+        raise RangeNotSatisfiable(f"malformed Range {header!r}: use 'bytes=start-end'") from None
+    end = min(end, size - 1)
+    if start > end or start >= size:
+        raise RangeNotSatisfiable(f"Range {header!r} is outside the blob's {size} bytes", details={"size": size})
+    return start, end

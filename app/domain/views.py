@@ -1,0 +1,280 @@
+"""Read models: jobs, checkpoints and Flink-style checkpoint statistics built from the stored rows."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.db.models import AckRow, BlobRow, CheckpointRow, JobRow
+from app.domain.checkpoints import checkpoint_type, get_checkpoint_or_404
+from app.domain.context import get_job_or_404
+from app.domain.lifecycle import ABORTED, COMPLETED, PENDING
+from client.models import (
+    BlobRef,
+    ChannelSegment,
+    ChannelStateEntry,
+    ChannelStateManifest,
+    Checkpoint,
+    CheckpointConfig,
+    CheckpointCounts,
+    CheckpointDetail,
+    CheckpointPage,
+    CheckpointStatistics,
+    CheckpointStatus,
+    CheckpointSummary,
+    CheckpointType,
+    Graph,
+    Job,
+    JobPage,
+    JobStatus,
+    LatestCheckpoints,
+    MinMaxAvg,
+    SubtaskStats,
+)
+
+
+async def _counts(s: AsyncSession, job_ids: list[int]) -> dict[int, dict[str, int]]:
+    out: dict[int, dict[str, int]] = defaultdict(lambda: {PENDING: 0, COMPLETED: 0, ABORTED: 0})
+    if not job_ids:
+        return out
+    rows = await s.execute(
+        select(CheckpointRow.job_id, CheckpointRow.status, func.count())
+        .where(CheckpointRow.job_id.in_(job_ids))
+        .group_by(CheckpointRow.job_id, CheckpointRow.status)
+    )
+    for job_id, status, n in rows:
+        out[job_id][status] = n
+    return out
+
+
+def job_model(job: JobRow, counts: dict[str, int]) -> Job:
+    return Job(
+        id=job.id,
+        name=job.name,
+        kind=job.kind,
+        status=JobStatus(job.status),
+        graph=Graph.model_validate(job.graph),
+        checkpoint=CheckpointConfig.model_validate(job.config),
+        labels=job.labels or {},
+        current_attempt=job.current_attempt,
+        created_at=job.created_at,
+        updated_at=job.updated_at,
+        status_message=job.status_message,
+        consecutive_failures=job.consecutive_failures,
+        latest_completed_checkpoint_id=job.latest_completed_id,
+        latest_completed_at=job.last_completed_at,
+        num_completed=counts.get(COMPLETED, 0),
+        num_failed=counts.get(ABORTED, 0),
+        num_in_progress=counts.get(PENDING, 0),
+    )
+
+
+async def job_view(s: AsyncSession, job: JobRow) -> Job:
+    return job_model(job, (await _counts(s, [job.id]))[job.id])
+
+
+async def list_jobs(s: AsyncSession, status: JobStatus | None, name: str | None, limit: int, offset: int) -> JobPage:
+    q = select(JobRow)
+    cq = select(func.count()).select_from(JobRow)
+    if status is not None:
+        q, cq = q.where(JobRow.status == status.value), cq.where(JobRow.status == status.value)
+    if name is not None:
+        q, cq = q.where(JobRow.name == name), cq.where(JobRow.name == name)
+    total = (await s.execute(cq)).scalar_one()
+    jobs = list((await s.execute(q.order_by(JobRow.id.desc()).limit(limit).offset(offset))).scalars())
+    counts = await _counts(s, [j.id for j in jobs])
+    return JobPage(items=[job_model(j, counts[j.id]) for j in jobs], total=total)
+
+
+def checkpoint_model(cp: CheckpointRow) -> Checkpoint:
+    return Checkpoint(
+        id=cp.id,
+        job_id=cp.job_id,
+        attempt=cp.attempt,
+        status=CheckpointStatus(cp.status),
+        is_savepoint=cp.is_savepoint,
+        checkpoint_type=CheckpointType(checkpoint_type(cp)),
+        policy=cp.policy,
+        alignment_timeout=cp.alignment_timeout,
+        trigger_timestamp=cp.trigger_ts,
+        latest_ack_timestamp=cp.latest_ack_ts,
+        completed_timestamp=cp.completed_ts if cp.status == COMPLETED else None,
+        switched_to_unaligned_timestamp=cp.switched_ts,
+        end_to_end_duration=(cp.completed_ts - cp.trigger_ts) if cp.status == COMPLETED and cp.completed_ts else None,
+        state_size=cp.state_size,
+        persisted_data=cp.persisted_data,
+        processed_data=cp.processed_data,
+        alignment_duration=cp.alignment_duration,
+        num_subtasks=cp.num_subtasks,
+        num_acknowledged_subtasks=cp.num_acked,
+        failure_reason=cp.failure_reason,
+        discarded=cp.discarded,
+        stop_job=cp.stop_job,
+    )
+
+
+async def list_checkpoints(
+    s: AsyncSession, job_id: int, status: CheckpointStatus | None, limit: int, offset: int
+) -> CheckpointPage:
+    await get_job_or_404(s, job_id)
+    q = select(CheckpointRow).where(CheckpointRow.job_id == job_id)
+    cq = select(func.count()).select_from(CheckpointRow).where(CheckpointRow.job_id == job_id)
+    if status is not None:
+        q, cq = q.where(CheckpointRow.status == status.value), cq.where(CheckpointRow.status == status.value)
+    total = (await s.execute(cq)).scalar_one()
+    rows = (await s.execute(q.order_by(CheckpointRow.id.desc()).limit(limit).offset(offset))).scalars()
+    return CheckpointPage(items=[checkpoint_model(r) for r in rows], total=total)
+
+
+def _blob_ref(blob: BlobRow | None) -> BlobRef | None:
+    return BlobRef(blob_id=blob.id, sha256=blob.sha256, size=blob.size) if blob else None
+
+
+async def checkpoint_detail(s: AsyncSession, job_id: int, checkpoint_id: int) -> CheckpointDetail:
+    job = await get_job_or_404(s, job_id)
+    cp = await get_checkpoint_or_404(s, job_id, checkpoint_id)
+    acks = list(
+        (
+            await s.execute(
+                select(AckRow)
+                .where(AckRow.job_id == job_id, AckRow.checkpoint_id == checkpoint_id)
+                .order_by(AckRow.vertex, AckRow.subtask_index)
+            )
+        ).scalars()
+    )
+    blob_ids = [b for a in acks for b in (a.operator_blob_id, a.channel_blob_id) if b]
+    blobs = {}
+    if blob_ids:
+        blobs = {b.id: b for b in (await s.execute(select(BlobRow).where(BlobRow.id.in_(blob_ids)))).scalars()}
+    acked = {(a.vertex, a.subtask_index) for a in acks}
+    pending = [
+        f"{v['id']}[{i}]"
+        for v in job.graph["vertices"]
+        for i in range(v["parallelism"])
+        if (v["id"], i) not in acked and cp.attempt == (job.current_attempt or cp.attempt)
+    ]
+    subtasks = [
+        SubtaskStats(
+            vertex=a.vertex,
+            subtask_index=a.subtask_index,
+            ack_timestamp=a.ack_ts,
+            end_to_end_duration=a.ack_ts - cp.trigger_ts,
+            state_size=a.state_size,
+            sync_duration=a.sync_duration,
+            async_duration=a.async_duration,
+            alignment_duration=a.alignment_duration,
+            start_delay=a.start_delay,
+            processed_data=a.processed_data,
+            persisted_data=a.persisted_data,
+            unaligned=a.unaligned,
+            operator_state=_blob_ref(blobs.get(a.operator_blob_id)) if a.operator_blob_id else None,
+            channel_state=_blob_ref(blobs.get(a.channel_blob_id)) if a.channel_blob_id else None,
+            source_offsets=a.source_offsets,
+        )
+        for a in acks
+    ]
+    return CheckpointDetail(**checkpoint_model(cp).model_dump(), subtasks=subtasks, pending_subtasks=pending)
+
+
+async def channel_state_manifest(s: AsyncSession, job_id: int, checkpoint_id: int) -> ChannelStateManifest:
+    await get_job_or_404(s, job_id)
+    await get_checkpoint_or_404(s, job_id, checkpoint_id)
+    acks = (
+        await s.execute(
+            select(AckRow)
+            .where(AckRow.job_id == job_id, AckRow.checkpoint_id == checkpoint_id, AckRow.channel_blob_id.is_not(None))
+            .order_by(AckRow.vertex, AckRow.subtask_index)
+        )
+    ).scalars()
+    entries = [
+        ChannelStateEntry(
+            vertex=a.vertex,
+            subtask_index=a.subtask_index,
+            blob_id=a.channel_blob_id,
+            segments=[ChannelSegment.model_validate(seg) for seg in a.segments],
+        )
+        for a in acks
+    ]
+    return ChannelStateManifest(job_id=job_id, checkpoint_id=checkpoint_id, entries=entries)
+
+
+def summarize(values: list[float]) -> MinMaxAvg:
+    if not values:
+        return MinMaxAvg()
+    vs = sorted(values)
+
+    def pct(p: float) -> float:
+        # nearest-rank percentile
+        return float(vs[max(0, min(len(vs) - 1, math.ceil(p * len(vs)) - 1))])
+
+    return MinMaxAvg(
+        min=float(vs[0]), max=float(vs[-1]), avg=sum(vs) / len(vs), p50=pct(0.5), p90=pct(0.9), p99=pct(0.99)
+    )
+
+
+async def statistics(s: AsyncSession, job_id: int, history_size: int = 10) -> CheckpointStatistics:
+    await get_job_or_404(s, job_id)
+    counts = (await _counts(s, [job_id]))[job_id]
+    savepoints = (
+        await s.execute(
+            select(func.count())
+            .select_from(CheckpointRow)
+            .where(CheckpointRow.job_id == job_id, CheckpointRow.is_savepoint.is_(True))
+        )
+    ).scalar_one()
+    completed = list(
+        (
+            await s.execute(
+                select(CheckpointRow)
+                .where(CheckpointRow.job_id == job_id, CheckpointRow.status == COMPLETED)
+                .order_by(CheckpointRow.id.desc())
+                .limit(100_000)
+            )
+        ).scalars()
+    )
+    summary = CheckpointSummary(
+        end_to_end_duration=summarize([c.completed_ts - c.trigger_ts for c in completed if c.completed_ts]),
+        state_size=summarize([c.state_size for c in completed]),
+        persisted_data=summarize([c.persisted_data for c in completed]),
+        processed_data=summarize([c.processed_data for c in completed]),
+        alignment_duration=summarize([c.alignment_duration for c in completed if c.alignment_duration is not None]),
+    )
+
+    async def latest(*conds) -> Checkpoint | None:
+        row = (
+            await s.execute(
+                select(CheckpointRow)
+                .where(CheckpointRow.job_id == job_id, *conds)
+                .order_by(CheckpointRow.id.desc())
+                .limit(1)
+            )
+        ).scalar_one_or_none()
+        return checkpoint_model(row) if row else None
+
+    history = (
+        await s.execute(
+            select(CheckpointRow)
+            .where(CheckpointRow.job_id == job_id)
+            .order_by(CheckpointRow.id.desc())
+            .limit(history_size)
+        )
+    ).scalars()
+    return CheckpointStatistics(
+        counts=CheckpointCounts(
+            total=sum(counts.values()),
+            in_progress=counts.get(PENDING, 0),
+            completed=counts.get(COMPLETED, 0),
+            failed=counts.get(ABORTED, 0),
+            savepoints=savepoints,
+        ),
+        summary=summary,
+        latest=LatestCheckpoints(
+            completed=await latest(CheckpointRow.status == COMPLETED, CheckpointRow.is_savepoint.is_(False)),
+            savepoint=await latest(CheckpointRow.status == COMPLETED, CheckpointRow.is_savepoint.is_(True)),
+            failed=await latest(CheckpointRow.status == ABORTED),
+        ),
+        history=[checkpoint_model(r) for r in history],
+    )

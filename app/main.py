@@ -1,0 +1,150 @@
+"""The coordinator's FastAPI application: wiring of settings, context, background workers, routes and errors."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.routing import APIRoute
+from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app import __doc__ as APP_DOC
+from app.api import checkpoints, jobs, ops, tasks
+from app.auth import Auth
+from app.domain.acks import AckCommitter
+from app.domain.context import Context
+from app.errors import DomainError
+from app.observability import setup_logging
+from app.scheduler import Scheduler
+from app.settings import Settings
+
+log = logging.getLogger("overtake")
+UI_DIST = Path(__file__).parent / "ui" / "dist"
+VERSION = "0.1.0"
+
+
+def _error(status: int, code: str, message: str, details=None) -> JSONResponse:
+    body = {"error": {"code": code, "message": message}}
+    if details is not None:
+        body["error"]["details"] = details
+    return JSONResponse(body, status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "request"
+        msg = err.get("msg", "invalid")
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        parts.append(f"{loc}: {msg}")
+    return "; ".join(parts) or "the request is invalid"
+
+
+def _operation_id(route: APIRoute) -> str:
+    return route.name
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    setup_logging(settings.log_level, settings.log_json)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        ctx: Context = app.state.ctx
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        if settings.auto_migrate:
+            from app.db.migrate import upgrade
+
+            await asyncio.to_thread(upgrade, settings)
+        await ctx.bus.start()
+        committer = AckCommitter(ctx)
+        await committer.start()
+        app.state.committer = committer
+        scheduler = Scheduler(ctx)
+        app.state.scheduler = scheduler
+        if settings.scheduler_enabled:
+            await scheduler.start()
+        if not settings.admin_token:
+            log.warning("OVERTAKE_ADMIN_TOKEN is not set: the coordinator runs without authentication")
+        log.info(
+            "coordinator ready",
+            extra={"database": _redact(settings.effective_database_url), "blobs": settings.effective_blob_url,
+                   "event_bus": _redact(settings.event_bus_url)},
+        )
+        try:
+            yield
+        finally:
+            await scheduler.stop()
+            await committer.stop()
+            await ctx.close()
+
+    app = FastAPIOffline(
+        title="Overtake checkpoint coordinator",
+        description=(APP_DOC or "") + " Issues checkpoint ids, tracks acks and channel-state manifests, "
+        "applies barrier policies, completes, aborts, collects and plans recovery.",
+        version=VERSION,
+        lifespan=lifespan,
+        generate_unique_id_function=_operation_id,
+        redoc_url=None,
+    )
+    ctx = Context(settings)
+    app.state.ctx = ctx
+    app.state.settings = settings
+    app.state.auth = Auth(ctx)
+
+    @app.exception_handler(DomainError)
+    async def _domain(_: Request, exc: DomainError) -> JSONResponse:
+        return _error(exc.status_code, exc.code, exc.message, exc.details)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in exc.errors()]
+        return _error(422, "invalid", _validation_message(exc), errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        codes = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized", 403: "forbidden"}
+        message = exc.detail if isinstance(exc.detail, str) else "request refused"
+        if exc.status_code == 404 and message == "Not Found":
+            message = "no such route; the API is under /api/v1 (see /docs)"
+        return _error(exc.status_code, codes.get(exc.status_code, "http_error"), message)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error")
+        return _error(500, "internal", f"internal error ({type(exc).__name__}); see the coordinator's log")
+
+    for router in (jobs.router, checkpoints.router, tasks.router, ops.router):
+        app.include_router(router)
+
+    if (UI_DIST / "index.html").exists():
+        app.mount("/ui", StaticFiles(directory=UI_DIST, html=True), name="ui")
+
+    @app.get("/", include_in_schema=False, response_class=HTMLResponse)
+    async def index() -> HTMLResponse:
+        page = UI_DIST / "index.html"
+        if page.exists():
+            return HTMLResponse(page.read_text())
+        return HTMLResponse(
+            "<!doctype html><title>Overtake</title><h1>Overtake checkpoint coordinator</h1>"
+            '<p>API: <a href="/docs">/docs</a> · <a href="/openapi.json">/openapi.json</a> · '
+            '<a href="/metrics">/metrics</a></p>'
+        )
+
+    return app
+
+
+def _redact(url: str) -> str:
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        return f"{scheme}://{creds.split(':')[0]}:***@{host}" if ":" in creds else url
+    return url

@@ -1,0 +1,1 @@
+"""Alembic migrations of the coordinator's database; they run on PostgreSQL and SQLite."""
