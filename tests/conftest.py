@@ -1,0 +1,133 @@
+"""Shared fixtures: live coordinators (SQLite, PostgreSQL + Redis) and the real services they need.
+
+PostgreSQL and Redis tests skip with a reason when the server is not reachable, unless
+OVERTAKE_REQUIRE_SERVICES=1 (set by .ci/run): then they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.live import LiveCoordinator, free_port
+
+PG_ADMIN_URL = os.environ.get("OVERTAKE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("OVERTAKE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+REQUIRE = os.environ.get("OVERTAKE_REQUIRE_SERVICES") == "1"
+
+
+def _reachable(url: str, default_port: int) -> bool:
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    try:
+        with socket.create_connection((u.hostname or "127.0.0.1", u.port or default_port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def need_service(name: str, url: str, port: int) -> None:
+    if _reachable(url, port):
+        return
+    msg = f"{name} is not reachable at {url}"
+    if REQUIRE:
+        pytest.fail(msg + " (OVERTAKE_REQUIRE_SERVICES=1: service-backed tests must run)")
+    pytest.skip(msg + "; start it or set OVERTAKE_TEST_POSTGRES_URL / OVERTAKE_TEST_REDIS_URL")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> str:
+    need_service("PostgreSQL", PG_ADMIN_URL, 5432)
+    return PG_ADMIN_URL
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    need_service("Redis", REDIS_URL, 6379)
+    return REDIS_URL
+
+
+class PgDatabases:
+    """Creates throw-away PostgreSQL databases and drops them at the end of the session."""
+
+    def __init__(self, admin_url: str) -> None:
+        self.admin_url = admin_url
+        self.created: list[str] = []
+
+    def new(self) -> str:
+        import psycopg
+
+        name = f"overtake_test_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        self.created.append(name)
+        base = self.admin_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+asyncpg://", 1)
+        return f"{base}/{name}"
+
+    def drop_all(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            for name in self.created:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def pg_databases(pg_server: str):
+    dbs = PgDatabases(pg_server)
+    yield dbs
+    dbs.drop_all()
+
+
+@pytest.fixture
+def pg_url(pg_databases: PgDatabases) -> str:
+    """A fresh, empty PostgreSQL database (asyncpg URL) for one test."""
+    return pg_databases.new()
+
+
+@pytest.fixture(scope="session")
+def session_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("overtake")
+
+
+@pytest.fixture(scope="session")
+def coordinator(session_dir: Path):
+    """A live coordinator (uvicorn subprocess) on SQLite, without auth, shared by the session."""
+    live = LiveCoordinator(session_dir / "open", {})
+    live.start()
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="session")
+def secured_coordinator(session_dir: Path):
+    """A live coordinator on SQLite with OVERTAKE_ADMIN_TOKEN set (`.admin_token`)."""
+    live = LiveCoordinator(session_dir / "secured", {"OVERTAKE_ADMIN_TOKEN": "admin-" + uuid.uuid4().hex})
+    live.start()
+    yield live
+    live.stop()
+
+
+@pytest.fixture
+def fresh_coordinator(tmp_path: Path):
+    """A coordinator of this test's own (SQLite), for tests that kill or restart it."""
+    live = LiveCoordinator(tmp_path / "coordinator", {})
+    yield live
+    live.stop()
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    d = tmp_path / "work"
+    d.mkdir()
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+__all__ = ["free_port"]
