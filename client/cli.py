@@ -307,7 +307,7 @@ def events(
             if s.json:
                 typer.echo(event.model_dump_json())
             else:
-                s.out.print(fmt.event_line(event))
+                s.out.print(fmt.event_line(event), soft_wrap=True)
             if count is not None and seen >= count:
                 break
 
