@@ -55,9 +55,9 @@ class Database:
         self.url = url
         self.engine = make_engine(url, pool_size)
         self.is_sqlite = url.startswith("sqlite")
-        self._writer = async_sessionmaker(self.engine, expire_on_commit=False, autoflush=False)
+        self._writer = async_sessionmaker(self.engine, expire_on_commit=False)
         self._reader = async_sessionmaker(
-            self.engine.execution_options(overtake_readonly=True), expire_on_commit=False, autoflush=False
+            self.engine.execution_options(overtake_readonly=True), expire_on_commit=False
         )
 
     @asynccontextmanager

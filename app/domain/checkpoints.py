@@ -157,6 +157,8 @@ async def abort_pending(s: AsyncSession, job: JobRow, reason: AbortReason, detai
     ).scalars()
     aborted = []
     for cp in list(rows):
+        if cp.status != PENDING:
+            continue
         await abort_checkpoint(s, job, cp, reason, detail, now)
         aborted.append(cp.id)
     return aborted
