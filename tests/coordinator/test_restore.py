@@ -1,0 +1,116 @@
+"""Restore plans: latest or named checkpoint, per-subtask state and ordered channel-state segments,
+source offsets; verified blobs with fallback to the previous completed checkpoint."""
+
+from __future__ import annotations
+
+from app.blobstore import blob_key
+
+
+async def _complete_with_state(api, job, tag: str, savepoint=False) -> tuple[int, dict]:
+    if savepoint:
+        cp = (await api.client.post(f"/api/v1/jobs/{job['id']}/savepoints", json={})).json()["id"]
+    else:
+        cp = (await api.trigger(job["id"])).json()["id"]
+    blobs = {}
+    for v, p in (("src", 2), ("agg", 2)):
+        for i in range(p):
+            extra = {}
+            if v == "src":
+                extra["source_offsets"] = {f"partition-{i}": cp * 100 + i}
+            else:
+                op = (await api.upload(job["id"], cp, v, i, f"{tag}-op-{i}".encode(), kind="operator")).json()
+                ch_data = f"{tag}-out-{i}".encode() + f"{tag}-in-{i}".encode()
+                ch = (await api.upload(job["id"], cp, v, i, ch_data, kind="channel")).json()
+                n_out = len(f"{tag}-out-{i}")
+                extra["operator_state"] = {k: op[k] for k in ("blob_id", "sha256", "size")}
+                extra["channel_state"] = {k: ch[k] for k in ("blob_id", "sha256", "size")}
+                extra["channel_segments"] = [
+                    {"channel": f"in:src[1]->agg[{i}]", "direction": "input", "offset": n_out, "length": len(ch_data) - n_out, "buffer_count": 1, "record_count": 1},
+                    {"channel": f"out:agg[{i}]->sink", "direction": "output", "offset": 0, "length": n_out, "buffer_count": 1, "record_count": 1},
+                ]
+                extra["key_group_start"], extra["key_group_end"] = (0, 7) if i == 0 else (8, 15)
+                blobs[i] = (op, ch)
+            r = await api.ack(job["id"], cp, v, i, **extra)
+            assert r.status_code == 200, r.text
+    return cp, blobs
+
+
+async def test_plan_of_the_latest_checkpoint_has_state_segments_in_order_and_offsets(api):
+    job = await api.job(retained=3)
+    await _complete_with_state(api, job, "one")
+    cp, blobs = await _complete_with_state(api, job, "two")
+    plan = (await api.client.get(f"/api/v1/jobs/{job['id']}/restore-plan")).json()
+    assert plan["checkpoint_id"] == cp and plan["fallbacks"] == []
+    subs = {(s["vertex"], s["subtask_index"]): s for s in plan["subtasks"]}
+    assert subs[("src", 1)]["source_offsets"] == {"partition-1": cp * 100 + 1}
+    agg0 = subs[("agg", 0)]
+    assert [s["blob_id"] for s in agg0["operator_state"]] == [blobs[0][0]["blob_id"]]
+    assert agg0["operator_state"][0]["sha256"] == blobs[0][0]["sha256"]
+    assert [s["direction"] for s in agg0["output_channel_state"]] == ["output"]
+    assert [s["channel"] for s in agg0["input_channel_state"]] == ["in:src[1]->agg[0]"]
+    seg = agg0["input_channel_state"][0]
+    data = await api.client.get(
+        f"/api/v1/jobs/{job['id']}/blobs/{seg['blob_id']}",
+        headers={"Range": f"bytes={seg['offset']}-{seg['offset'] + seg['length'] - 1}"},
+    )
+    assert data.content == b"two-in-0"
+
+
+async def test_new_attempt_restores_the_named_checkpoint(api):
+    job = await api.job(retained=3)
+    first, _ = await _complete_with_state(api, job, "one")
+    await _complete_with_state(api, job, "two")
+    r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"restore_from": first})
+    assert r.status_code == 201
+    assert r.json()["restore_plan"]["checkpoint_id"] == first
+    fresh = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"restore_from": None})
+    assert fresh.json()["restore_plan"]["checkpoint_id"] is None
+
+
+async def test_a_corrupt_blob_makes_the_plan_fall_back_and_say_why(api):
+    job = await api.job(retained=3)
+    older, _ = await _complete_with_state(api, job, "one")
+    newer, blobs = await _complete_with_state(api, job, "two")
+    path = api.ctx.store._path(blob_key(job["id"], blobs[1][1]["blob_id"]))
+    path.write_bytes(b"flipped bits")
+    plan = (await api.client.get(f"/api/v1/jobs/{job['id']}/restore-plan")).json()
+    assert plan["checkpoint_id"] == older
+    assert plan["fallbacks"][0]["checkpoint_id"] == newer
+    assert "corrupt" in plan["fallbacks"][0]["reason"] and "agg[1]" in plan["fallbacks"][0]["reason"]
+
+
+async def test_a_missing_blob_makes_the_plan_fall_back(api):
+    job = await api.job(retained=3)
+    older, _ = await _complete_with_state(api, job, "one")
+    newer, blobs = await _complete_with_state(api, job, "two")
+    api.ctx.store._path(blob_key(job["id"], blobs[0][0]["blob_id"])).unlink()
+    attempt = (await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={})).json()
+    assert attempt["restore_plan"]["checkpoint_id"] == older
+    assert "missing" in attempt["restore_plan"]["fallbacks"][0]["reason"]
+    events = await api.events(job["id"])
+    assert events[-1]["type"] == "attempt.started" and events[-1]["data"]["restored_checkpoint_id"] == older
+
+
+async def test_restoring_a_savepoint_after_retention_collected_its_neighbours(api):
+    job = await api.job(retained=1)
+    sp, _ = await _complete_with_state(api, job, "sp", savepoint=True)
+    first, _ = await _complete_with_state(api, job, "one")
+    await _complete_with_state(api, job, "two")
+    r = await api.client.get(f"/api/v1/jobs/{job['id']}/restore-plan", params={"checkpoint_id": sp})
+    assert r.status_code == 200 and r.json()["is_savepoint"] is True
+    gone = await api.client.get(f"/api/v1/jobs/{job['id']}/restore-plan", params={"checkpoint_id": first})
+    assert gone.status_code == 409 and "retention" in gone.json()["error"]["message"]
+
+
+async def test_restore_refuses_unknown_and_aborted_checkpoints(api):
+    job = await api.job(tolerable_failures=3)
+    await api.trigger(job["id"])
+    await api.client.post(
+        f"/api/v1/jobs/{job['id']}/checkpoints/1/declines",
+        json={"attempt": 1, "vertex": "agg", "subtask_index": 1, "reason": "no"},
+    )
+    r = await api.client.get(f"/api/v1/jobs/{job['id']}/restore-plan", params={"checkpoint_id": 1})
+    assert r.status_code == 409 and "ABORTED" in r.json()["error"]["message"]
+    r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"restore_from": 42})
+    assert r.status_code == 404
+    assert (await api.client.get(f"/api/v1/jobs/{job['id']}")).json()["current_attempt"] == 1
