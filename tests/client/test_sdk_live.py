@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import time
 
 import pytest
 
@@ -234,8 +235,9 @@ def test_a_decline_aborts_the_checkpoint_and_later_acks_conflict_saying_why(sdk,
     assert "abort" in str(info.value).lower()
 
 
-def test_the_restore_plan_points_at_the_latest_completed_checkpoint(sdk, running):
-    job, attempt = running
+def test_the_restore_plan_points_at_the_latest_completed_checkpoint(sdk):
+    job = sdk.create_job(job_spec(retained=2))
+    attempt = sdk.start_attempt(job.id)
     first = complete_checkpoint(sdk, attempt)
     second = complete_checkpoint(sdk, attempt)
     plan = sdk.restore_plan(job.id)
@@ -249,6 +251,24 @@ def test_the_restore_plan_points_at_the_latest_completed_checkpoint(sdk, running
     assert sdk.download_blob(job.id, state.blob_id) == state_of(second.id, "src", 1)
     older = sdk.restore_plan(job.id, checkpoint_id=first.id)
     assert older.checkpoint_id == first.id
+
+
+def test_a_checkpoint_collected_under_retention_cannot_be_restored(sdk, running):
+    job, attempt = running  # retained=1
+    first = complete_checkpoint(sdk, attempt)
+    complete_checkpoint(sdk, attempt)
+    with pytest.raises(Conflict) as info:
+        _wait_collected(sdk, job.id, first.id)
+        sdk.restore_plan(job.id, checkpoint_id=first.id)
+    assert "retention" in str(info.value)
+
+
+def _wait_collected(sdk, job_id, checkpoint_id):
+    """Retention may collect in the background: wait (bounded) until the checkpoint says it was discarded."""
+    for _ in range(200):
+        if sdk.get_checkpoint(job_id, checkpoint_id).discarded:
+            return
+        time.sleep(0.05)
 
 
 def test_a_new_attempt_restores_the_latest_checkpoint(sdk, running):
