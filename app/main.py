@@ -125,6 +125,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in (jobs.router, checkpoints.router, tasks.router, ops.router):
         app.include_router(router)
 
+    _document_errors(app)
+
     if (UI_DIST / "index.html").exists():
         app.mount("/ui", StaticFiles(directory=UI_DIST, html=True), name="ui")
 
@@ -140,6 +142,38 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
 
     return app
+
+
+def _document_errors(app: FastAPI) -> None:
+    """Describe every error as the one JSON error shape the app really sends (not FastAPI's default)."""
+    from fastapi.openapi.utils import get_openapi
+
+    from client.models import ErrorResponse
+
+    def openapi() -> dict:
+        if app.openapi_schema:
+            return app.openapi_schema
+        spec = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+        for name in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(name, None)
+        error_schema = ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, sub in error_schema.pop("$defs", {}).items():
+            schemas[name] = sub
+        schemas["ErrorResponse"] = error_schema
+        ref = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+        for path, ops in spec.get("paths", {}).items():
+            for op in ops.values():
+                responses = op.setdefault("responses", {})
+                if path.startswith("/api/"):
+                    responses["422"] = {"description": "Invalid request: the message names the problem.", "content": ref}
+                    responses["4XX"] = {"description": "Refused: not found, conflict, unauthorized, forbidden, too large.", "content": ref}
+                else:
+                    responses.pop("422", None)
+        app.openapi_schema = spec
+        return spec
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _redact(url: str) -> str:

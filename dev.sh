@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Overtake's one entry point on a fresh machine. It sets itself up (virtualenv, dependencies, Java check).
+#   ./dev.sh demo   run the demo pipeline on local Spark with the coordinator on its embedded defaults
+#   ./dev.sh test   run the test suite (extra arguments go to pytest)
+#   ./dev.sh serve  run the coordinator on its embedded defaults (http://127.0.0.1:8321)
+#   ./dev.sh bench  run the benchmarks (extra arguments go to `overtake bench`)
+#   ./dev.sh <any overtake command...>
+set -euo pipefail
+cd "$(dirname "$0")"
+
+VENV=${OVERTAKE_VENV:-.venv}
+PY="$VENV/bin/python"
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+ensure_python() {
+  local base
+  base=$(command -v python3 || true)
+  if [ -z "$base" ]; then
+    echo "Python 3.10 or newer is needed: install python3 (with venv and pip) and run this again." >&2
+    exit 1
+  fi
+  if ! "$base" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)'; then
+    echo "Python 3.10 or newer is needed; $base is $("$base" --version 2>&1)." >&2
+    exit 1
+  fi
+  if [ ! -x "$PY" ]; then
+    say "creating the virtualenv in $VENV"
+    "$base" -m venv "$VENV" || { echo "could not create a virtualenv: install python3-venv" >&2; exit 1; }
+  fi
+  # Reinstall only when the project's dependency list changed.
+  local stamp="$VENV/.overtake-installed" want
+  want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    say "installing Overtake and its dependencies (first run takes a few minutes: PySpark is large)"
+    "$PY" -m pip install --quiet --upgrade pip
+    "$PY" -m pip install --quiet -e '.[dev]'
+    echo "$want" > "$stamp"
+  fi
+}
+
+java_major() {
+  command -v java >/dev/null 2>&1 || { echo 0; return; }
+  java -version 2>&1 | awk -F'"' '/version/ {split($2, v, "."); print (v[1] == "1" ? v[2] : v[1]); exit}'
+}
+
+require_java() {
+  local major
+  major=$(java_major)
+  if [ "${major:-0}" -lt 17 ]; then
+    echo "PySpark needs Java 17 or newer, and $( [ "${major:-0}" = 0 ] && echo 'no java was found' || echo "java is version $major" )." >&2
+    echo "Install a JDK or JRE 17+ (for example the openjdk-17-jre-headless package) and run this again." >&2
+    exit 1
+  fi
+}
+
+cmd=${1:-help}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+  demo)
+    require_java
+    ensure_python
+    exec "$VENV/bin/overtake" demo "$@"
+    ;;
+  test)
+    ensure_python
+    if [ "$(java_major)" -lt 17 ]; then
+      echo "warning: Java 17+ not found: the Spark tests will be skipped (they fail under CI)." >&2
+      export OVERTAKE_NO_JAVA=1
+    fi
+    exec "$PY" -m pytest "$@"
+    ;;
+  serve)
+    ensure_python
+    exec "$VENV/bin/overtake" serve "$@"
+    ;;
+  bench)
+    require_java
+    ensure_python
+    exec "$VENV/bin/overtake" bench "$@"
+    ;;
+  help|-h|--help)
+    sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+    ;;
+  *)
+    ensure_python
+    exec "$VENV/bin/overtake" "$cmd" "$@"
+    ;;
+esac
