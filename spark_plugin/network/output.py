@@ -69,9 +69,16 @@ class OutputChannel:
     def add_priority_barrier(self, barrier: CheckpointBarrier) -> list[tuple[bytes, int]]:
         """Put the barrier at the head of the queue; return the buffers it overtook, in order."""
         overtaken = [(item[1], item[2]) for item in self.queue if item[0] == _BUF]
-        self.queue.appendleft((_PRIO, barrier))
-        self.cond.notify_all()
+        self._insert_priority(barrier)
         return overtaken
+
+    def _insert_priority(self, barrier: CheckpointBarrier) -> None:
+        """Insert behind the priority events already at the head, so priority events keep their order."""
+        pos = 0
+        while pos < len(self.queue) and self.queue[pos][0] == _PRIO:
+            pos += 1
+        self.queue.insert(pos, (_PRIO, barrier))
+        self.cond.notify_all()
 
     def convert_barrier(self, checkpoint_id: int) -> list[tuple[bytes, int]] | None:
         """Turn a queued aligned barrier into a priority one; return the buffers it overtook (None: not queued)."""
@@ -79,8 +86,7 @@ class OutputChannel:
         for pos, item in enumerate(self.queue):
             if item[0] == _EVENT and item[1].checkpoint_id == checkpoint_id:
                 del self.queue[pos]
-                self.queue.appendleft((_PRIO, item[1].as_unaligned()))
-                self.cond.notify_all()
+                self._insert_priority(item[1].as_unaligned())
                 return overtaken
             if item[0] == _BUF:
                 overtaken.append((item[1], item[2]))

@@ -42,3 +42,83 @@ class RecordingActions:
     def take(self) -> list[tuple]:
         out, self.calls = self.calls, []
         return out
+
+
+class InMemoryCoordinator:
+    """A coordinator fake for threaded runs: stores blobs and acks, broadcasts events to every subtask."""
+
+    def __init__(self) -> None:
+        import queue
+        import threading
+
+        self._queue_cls = queue.Queue
+        self.lock = threading.Lock()
+        self.blobs: dict[str, bytes] = {}
+        self.acks: dict[int, dict[tuple[str, int], dict]] = {}
+        self.declines: list[tuple[int, str, int, str]] = []
+        self.streams: list = []
+
+    def reporter(self, spec):
+        return _FakeReporter(self, spec.vertex, spec.subtask_index)
+
+    def events(self, spec):
+        stream = _FakeEvents(self._queue_cls())
+        self.streams.append(stream)
+        return stream
+
+    def publish(self, kind: str, data: dict) -> None:
+        for s in self.streams:
+            s.queue.put((kind, data))
+
+    def trigger(self, checkpoint_id: int, policy: str = "aligned", alignment_timeout=None, now=None) -> None:
+        import time
+
+        self.publish(
+            "checkpoint.triggered",
+            {
+                "checkpoint_id": checkpoint_id,
+                "policy": policy,
+                "alignment_timeout": alignment_timeout,
+                "trigger_timestamp": now if now is not None else int(time.time() * 1000),
+                "is_savepoint": False,
+            },
+        )
+
+
+class _FakeReporter:
+    def __init__(self, coord: InMemoryCoordinator, vertex: str, index: int) -> None:
+        self.coord, self.vertex, self.index = coord, vertex, index
+
+    def upload(self, checkpoint_id, kind, data):
+        import hashlib
+
+        from spark_plugin.coordination import BlobHandle
+
+        blob_id = f"{checkpoint_id}-{self.vertex}-{self.index}-{kind}"
+        with self.coord.lock:
+            self.coord.blobs[blob_id] = data
+        return BlobHandle(blob_id, hashlib.sha256(data).hexdigest(), len(data))
+
+    def ack(self, checkpoint_id, ack):
+        with self.coord.lock:
+            self.coord.acks.setdefault(checkpoint_id, {})[(self.vertex, self.index)] = ack
+
+    def decline(self, checkpoint_id, reason):
+        with self.coord.lock:
+            self.coord.declines.append((checkpoint_id, self.vertex, self.index, reason))
+
+
+class _FakeEvents:
+    def __init__(self, q) -> None:
+        self.queue = q
+        self.closed = False
+
+    def __iter__(self):
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            yield item
+
+    def close(self) -> None:
+        self.queue.put(None)

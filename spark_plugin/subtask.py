@@ -1,0 +1,565 @@
+"""The subtask: one loop that takes the next action (priority barrier, coordinator event, timer, record) in turn.
+
+The loop never blocks on a full output: it stops taking input while an output channel has no room and waits on
+the mailbox, which every network thread and the coordinator's event thread signal, so a priority barrier, a
+trigger or a timer is acted on at once, and between two records when a buffer is in hand. The subtask is also
+the :class:`~spark_plugin.barriers.BarrierActions` of its barrier handler.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_plugin.barriers import BarrierHandler, CheckpointBarrier
+from spark_plugin.channel_state import ChannelStateWriter
+from spark_plugin.config import NetworkConfig
+from spark_plugin.coordination import AckWorker, CheckpointReporter, CheckpointUpload, CoordinatorEvents
+from spark_plugin.framing import BufferReader
+from spark_plugin.keygroups import key_group_range
+from spark_plugin.network import input as net_input
+from spark_plugin.network.input import InputGate
+from spark_plugin.network.mailbox import Mailbox
+from spark_plugin.network.output import OutputChannel
+from spark_plugin.operators import Operator, SourceOperator
+from spark_plugin.record_writer import RecordWriter, fan_out
+from spark_plugin.topology import TaskSpec
+
+log = logging.getLogger("overtake.subtask")
+
+SOURCE_BATCH = 32
+"""Records a source emits per loop turn: triggers wait at most this many records."""
+
+CHECK_EVERY = 64
+"""Records between two looks at the clock while a buffer is in hand."""
+
+
+class SubtaskFailed(RuntimeError):
+    """The subtask cannot go on (a peer's connection broke while the pipeline was running)."""
+
+
+@dataclass
+class PendingCheckpoint:
+    """A checkpoint this subtask snapshotted and whose channel state is still being collected."""
+
+    barrier: CheckpointBarrier
+    writer: ChannelStateWriter
+    operator_state: bytes | None
+    source_offsets: dict | None
+    unaligned: bool
+    first_barrier_ms: int
+    sync_duration: int
+    bytes_at_first_barrier: int
+    out_pending: int
+    converted: bool = False
+    last_barrier_ms: int | None = None
+    processed_bytes: int = 0
+
+
+@dataclass
+class SubtaskResult:
+    """What a subtask reports back to the driver when it ends."""
+
+    vertex: str
+    subtask_index: int
+    status: str
+    outputs: dict[str, Any] = field(default_factory=dict)
+    checkpoints: list[dict] = field(default_factory=list)
+    acked: list[int] = field(default_factory=list)
+    declined: list[int] = field(default_factory=list)
+    report_errors: list[str] = field(default_factory=list)
+    records_in: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
+class Subtask:
+    """One subtask of a chain of operators, with its input gate, output channels and barrier handler."""
+
+    def __init__(
+        self,
+        spec: TaskSpec,
+        operators: list[Operator],
+        edge_keys: list,
+        reporter: CheckpointReporter,
+        events: CoordinatorEvents | None = None,
+        network: NetworkConfig | None = None,
+        attempt: int | None = None,
+        deadline: float | None = None,
+    ) -> None:
+        self.spec = spec
+        self.operators = operators
+        self.network = network or NetworkConfig()
+        self.attempt = attempt
+        self.deadline = deadline
+        self.mailbox = Mailbox()
+        self.lock = self.mailbox.lock
+        self.events = events
+        self.ack_worker = AckWorker(reporter)
+        self.gate = InputGate(
+            [c.info for c in spec.inputs],
+            self.network.exclusive_buffers_per_channel,
+            self.network.floating_buffers_per_gate,
+            self.mailbox,
+        )
+        self.outputs: list[OutputChannel] = []
+        self.writers: list[RecordWriter] = []
+        self.output_by_key: dict[str, OutputChannel] = {}
+        for out, key_fn in zip(spec.outputs, edge_keys, strict=False):
+            chans = []
+            for info, key in zip(out.channels, out.keys, strict=False):
+                ch = OutputChannel(
+                    len(self.outputs), info, self.network.max_buffers_per_output_channel, self.mailbox,
+                    self._on_barrier_sent,
+                )
+                self.outputs.append(ch)
+                self.output_by_key[key] = ch
+                chans.append(ch)
+            self.writers.append(
+                RecordWriter(
+                    chans, out.edge.partitioning, key_fn, out.target_max_parallelism, self.network.buffer_size,
+                    self.mailbox, start=spec.subtask_index,
+                )
+            )
+        self.source: Any = operators[0].source if isinstance(operators[0], SourceOperator) else None
+        for op in operators:
+            op.open(spec.subtask_index, spec.parallelism, spec.max_parallelism)
+        emit = fan_out(self.writers)
+        for op in reversed(operators):
+            emit = op.bind(emit)
+        self.process = emit
+        self.handler = BarrierHandler(len(spec.inputs), self)
+        self.pending: dict[int, PendingCheckpoint] = {}
+        self.current: BufferReader | None = None
+        self._overtaken: dict[int, list[bytes]] = {}
+        self._actions: deque[tuple[str, dict]] = deque()
+        self._coordinator_aborted: set[int] = set()
+        self.checkpoint_log: list[dict] = []
+        self.records_in = 0
+        self.bytes_in = 0
+        self.ended_output = False
+        self.halted: str | None = None
+        self._next_flush = time.monotonic() + self.network.flush_interval
+        self._source_wait: float | None = None
+        self._event_thread: threading.Thread | None = None
+        self.keyed_range = (
+            key_group_range(spec.subtask_index, spec.max_parallelism, spec.parallelism)
+            if any(op.keyed for op in operators)
+            else None
+        )
+
+    # ================================================================================== BarrierActions
+
+    def now_ms(self) -> int:
+        return int(time.time() * 1000)
+
+    def snapshot(self, barrier: CheckpointBarrier, unaligned: bool, first_barrier_ms: int) -> None:
+        t0 = time.perf_counter()
+        states = {op.id: op.snapshot() for op in self.operators}
+        blob = pickle.dumps({"operators": states}, protocol=5) if any(s is not None for s in states.values()) else None
+        offsets = self.source.offsets() if self.source is not None else None
+        writer = ChannelStateWriter()
+        writer.start(barrier.checkpoint_id)
+        self.pending[barrier.checkpoint_id] = PendingCheckpoint(
+            barrier=barrier,
+            writer=writer,
+            operator_state=blob,
+            source_offsets=offsets,
+            unaligned=unaligned,
+            first_barrier_ms=first_barrier_ms,
+            sync_duration=int((time.perf_counter() - t0) * 1000),
+            bytes_at_first_barrier=self.bytes_in,
+            out_pending=0,
+        )
+
+    def forward_barrier(self, barrier: CheckpointBarrier, priority: bool) -> None:
+        for w in self.writers:
+            w.flush_all()
+        p = self.pending.get(barrier.checkpoint_id)
+        with self.lock:
+            for ch in self.outputs:
+                if priority:
+                    for data, records in ch.add_priority_barrier(barrier):
+                        if p is not None:
+                            p.writer.add_output_data(ch.info, data, records)
+                else:
+                    ch.add_barrier(barrier)
+            if p is not None:
+                p.out_pending = len(self.outputs)
+                if priority:
+                    p.converted = True
+                if not self.outputs:
+                    p.writer.finish_output()
+
+    def block(self, channel: int) -> None:
+        self.gate.channels[channel].blocked = True
+
+    def unblock_all(self) -> None:
+        for ch in self.gate.channels:
+            ch.blocked = False
+
+    def start_recording(self, channel: int, checkpoint_id: int) -> None:
+        ch = self.gate.channels[channel]
+        ch.recording = checkpoint_id
+        cur = self.current
+        p = self.pending.get(checkpoint_id)
+        if cur is not None and cur.channel == channel and cur.has_next() and p is not None:
+            # the barrier overtook the unprocessed rest of the buffer in hand: a byte range of it
+            p.writer.add_input_data(ch.info, cur.rest())
+
+    def stop_recording(self, channel: int) -> None:
+        ch = self.gate.channels[channel]
+        p = self.pending.get(ch.recording) if ch.recording is not None else None
+        if p is not None:
+            for data in self._overtaken.get(channel, ()):
+                p.writer.add_input_data(ch.info, data)
+        ch.recording = None
+
+    def finish_input(self, checkpoint_id: int, last_barrier_ms: int) -> None:
+        p = self.pending.get(checkpoint_id)
+        if p is None:
+            return
+        p.last_barrier_ms = last_barrier_ms
+        p.processed_bytes = self.bytes_in - p.bytes_at_first_barrier
+        p.writer.finish_input()
+
+    def abort(self, checkpoint_id: int, reason: str) -> None:
+        p = self.pending.pop(checkpoint_id, None)
+        if p is not None:
+            p.writer.abort()
+        self.ack_worker.discard(checkpoint_id)
+        self.checkpoint_log.append({"checkpoint_id": checkpoint_id, "aborted": reason})
+        if checkpoint_id not in self._coordinator_aborted:
+            self.ack_worker.decline(checkpoint_id, f"{self.spec.vertex}[{self.spec.subtask_index}]: {reason}")
+
+    # ================================================================================== network callbacks
+
+    def _on_barrier_sent(self, checkpoint_id: int) -> None:
+        """Called by a sender thread (lock held) when a barrier left an output queue."""
+        p = self.pending.get(checkpoint_id)
+        if p is not None:
+            p.out_pending -= 1
+            if p.out_pending <= 0:
+                p.writer.finish_output()
+
+    # ================================================================================== coordinator events
+
+    def start_events(self) -> None:
+        if self.events is None:
+            return
+        self._event_thread = threading.Thread(target=self._read_events, name="events", daemon=True)
+        self._event_thread.start()
+
+    def _read_events(self) -> None:
+        assert self.events is not None
+        try:
+            for kind, data in self.events:
+                attempt = data.get("attempt")
+                if kind.startswith("checkpoint.") and attempt is not None and self.attempt is not None:
+                    if attempt != self.attempt:
+                        continue
+                self.post(kind, data)
+        except Exception as e:  # noqa: BLE001
+            log.warning("event stream ended: %s", e)
+
+    def post(self, kind: str, data: dict) -> None:
+        """Hand a coordinator event to the loop (any thread)."""
+        with self.lock:
+            self._actions.append((kind, data))
+            self.mailbox.signal_locked()
+
+    def _run_actions(self) -> None:
+        while self._actions:
+            kind, data = self._actions.popleft()
+            if kind == "checkpoint.triggered":
+                self._on_trigger(data)
+            elif kind == "checkpoint.switch_to_unaligned":
+                cid = int(data["checkpoint_id"])
+                self.handler.on_switch_to_unaligned(cid)
+                self._convert_output_barriers(cid)
+            elif kind == "checkpoint.aborted":
+                cid = int(data["checkpoint_id"])
+                self._coordinator_aborted.add(cid)
+                reason = str(data.get("reason") or "aborted by the coordinator")
+                self.handler.on_abort(cid, reason)
+                if cid in self.pending:
+                    self.abort(cid, reason)
+            elif kind == "checkpoint.completed":
+                cid = int(data["checkpoint_id"])
+                for op in self.operators:
+                    op.notify_checkpoint_complete(cid)
+            elif kind == "job.status":
+                if data.get("status") in ("CANCELLED", "FAILED"):
+                    self.halted = f"job {data.get('status', '').lower()}"
+
+    def _on_trigger(self, data: dict) -> None:
+        if self.spec.inputs:
+            return  # only sources act on triggers; the others wait for barriers
+        barrier = CheckpointBarrier(
+            checkpoint_id=int(data["checkpoint_id"]),
+            trigger_timestamp=int(data.get("trigger_timestamp") or self.now_ms()),
+            policy=str(data.get("policy") or "aligned"),
+            alignment_timeout=data.get("alignment_timeout"),
+            is_savepoint=bool(data.get("is_savepoint", False)),
+        )
+        if self.ended_output:
+            self.handler.latest_checkpoint_id = max(self.handler.latest_checkpoint_id, barrier.checkpoint_id)
+            self.ack_worker.decline(barrier.checkpoint_id, f"source {self.spec.vertex}[{self.spec.subtask_index}] ended")
+            return
+        self.handler.on_trigger(barrier)
+
+    # ================================================================================== timers
+
+    def _convert_output_barriers(self, checkpoint_id: int) -> None:
+        """Turn this checkpoint's aligned barriers still queued in outputs into priority barriers."""
+        p = self.pending.get(checkpoint_id)
+        if p is None or p.converted:
+            return
+        with self.lock:
+            for ch in self.outputs:
+                overtaken = ch.convert_barrier(checkpoint_id)
+                if overtaken is not None:
+                    p.unaligned = True
+                    for data, records in overtaken:
+                        p.writer.add_output_data(ch.info, data, records)
+            p.converted = True
+
+    def _on_timers(self) -> None:
+        now = self.now_ms()
+        d = self.handler.deadline()
+        if d is not None and now >= d:
+            self.handler.on_timer(now)
+        for cid, p in list(self.pending.items()):
+            dl = p.barrier.deadline
+            if not p.converted and dl is not None and now >= dl and p.out_pending > 0:
+                self._convert_output_barriers(cid)
+        mono = time.monotonic()
+        if mono >= self._next_flush:
+            for w in self.writers:
+                w.flush_all()
+            self._next_flush = mono + self.network.flush_interval
+
+    def _next_wakeup(self) -> float:
+        """Seconds until the loop must look again even if nothing signals it."""
+        now = time.time()
+        t = self._next_flush - time.monotonic()
+        d = self.handler.deadline()
+        if d is not None:
+            t = min(t, d / 1000 - now)
+        for p in self.pending.values():
+            dl = p.barrier.deadline
+            if not p.converted and dl is not None:
+                t = min(t, dl / 1000 - now)
+        if self._source_wait is not None:
+            t = min(t, self._source_wait)
+        if self.deadline is not None:
+            t = min(t, self.deadline - now)
+        return max(t, 0.0005)
+
+    # ================================================================================== checkpoints done
+
+    def _complete_checkpoints(self) -> None:
+        for cid in [c for c, p in self.pending.items() if p.writer.done]:
+            p = self.pending.pop(cid)
+            result = p.writer.result()
+            metrics = {
+                "sync_duration": p.sync_duration,
+                "alignment_duration": max(0, (p.last_barrier_ms or p.first_barrier_ms) - p.first_barrier_ms),
+                "start_delay": max(0, p.first_barrier_ms - p.barrier.trigger_timestamp),
+                "processed_data": p.processed_bytes,
+                "persisted_data": result.persisted_bytes,
+                "unaligned": p.unaligned,
+            }
+            self.checkpoint_log.append(
+                {"checkpoint_id": cid, "unaligned": p.unaligned, "persisted": result.persisted_bytes,
+                 "segments": len(result.segments)}
+            )
+            self.ack_worker.submit(
+                CheckpointUpload(
+                    checkpoint_id=cid,
+                    operator_state=p.operator_state,
+                    channel_state=result.data if result.segments else None,
+                    channel_segments=result.segments,
+                    source_offsets=p.source_offsets,
+                    key_group_range=self.keyed_range,
+                    metrics=metrics,
+                )
+            )
+
+    # ================================================================================== the loop
+
+    def _outputs_available(self) -> bool:
+        for ch in self.outputs:
+            if ch.buffers >= ch.max_buffers:
+                return False
+        return True
+
+    def _handle_priority(self) -> None:
+        while self.gate.priority:
+            with self.lock:
+                taken = self.gate.take_priority()
+            if taken is None:
+                return
+            index, barrier, overtaken = taken
+            self._overtaken[index] = overtaken
+            try:
+                self.handler.on_barrier(index, barrier)
+            finally:
+                self._overtaken.pop(index, None)
+
+    def _process_current(self) -> None:
+        reader = self.current
+        assert reader is not None
+        process = self.process
+        priority = self.gate.priority
+        actions = self._actions
+        outputs = self.outputs
+        n = 0
+        while reader.pos < len(reader.data):
+            process(reader.next())
+            n += 1
+            if priority or actions:
+                break
+            if outputs and not self._outputs_available():
+                break
+            if n % CHECK_EVERY == 0 and time.monotonic() >= self._next_flush:
+                break
+        self.records_in += n
+        if reader.pos >= len(reader.data):
+            self.current = None
+            with self.lock:
+                self.gate.release(reader.channel)
+
+    def _poll_source(self) -> bool:
+        batch = self.source.poll(SOURCE_BATCH)
+        if batch is None:
+            self._end_output()
+            return True
+        if not batch:
+            self._source_wait = self.source.wait_hint()
+            return False
+        self._source_wait = None
+        process = self.process
+        for r in batch:
+            process(r)
+        self.records_in += len(batch)
+        return True
+
+    def _take_input(self) -> bool:
+        with self.lock:
+            got = self.gate.poll()
+        if got is None:
+            return False
+        ch, item = got
+        kind = item[0]
+        if kind == net_input.BUFFER:
+            data = item[1]
+            self.bytes_in += len(data)
+            if ch.recording is not None:
+                p = self.pending.get(ch.recording)
+                if p is not None:
+                    p.writer.add_input_data(ch.info, data)
+            self.current = BufferReader(data, ch.index)
+        elif kind == net_input.BARRIER:
+            self.handler.on_barrier(ch.index, item[1])
+        elif kind == net_input.END:
+            ch.ended = True
+            self.handler.on_channel_ended(ch.index)
+            if self.gate.all_ended():
+                self._end_output()
+        return True
+
+    def _step(self) -> bool:
+        """Do one piece of work; False when there is nothing to do now."""
+        if self.ended_output:
+            return False
+        if self.outputs and not self._outputs_available():
+            return False
+        if self.current is not None:
+            self._process_current()
+            return True
+        if self.source is not None:
+            return self._poll_source()
+        return self._take_input()
+
+    def _end_output(self) -> None:
+        if self.ended_output:
+            return
+        for w in self.writers:
+            w.flush_all()
+        with self.lock:
+            for ch in self.outputs:
+                ch.end()
+        self.ended_output = True
+
+    def _finished(self) -> bool:
+        if not self.ended_output:
+            return False
+        with self.lock:
+            drained = all(ch.finished or ch.closed for ch in self.outputs)
+        return drained and not any(not p.writer.done for p in self.pending.values() if not p.writer.aborted)
+
+    def _check_failures(self) -> None:
+        failed = self.gate.failed()
+        if failed is not None:
+            raise SubtaskFailed(f"input channel {failed.info.name} broke: {failed.error}")
+        for ch in self.outputs:
+            if ch.error is not None:
+                raise SubtaskFailed(f"output channel {ch.info.name} broke: {ch.error}")
+
+    def run(self) -> SubtaskResult:
+        """Run until the input ends, the job is cancelled, or the deadline passes."""
+        self.start_events()
+        status = "finished"
+        while True:
+            if self.deadline is not None and time.time() >= self.deadline:
+                status = "time limit"
+                break
+            if self.halted:
+                status = self.halted
+                break
+            self._run_actions()
+            self._handle_priority()
+            self._on_timers()
+            self._complete_checkpoints()
+            if self._finished():
+                break
+            self._check_failures()
+            if not self._step():
+                for w in self.writers:
+                    w.flush_all()
+                with self.lock:
+                    if not (self._actions or self.gate.priority):
+                        self.mailbox.wait(self._next_wakeup())
+        return self._result(status)
+
+    def _result(self, status: str) -> SubtaskResult:
+        outputs = {}
+        for op in self.operators:
+            out = op.close()
+            if out is not None:
+                outputs[op.id] = out
+        return SubtaskResult(
+            vertex=self.spec.vertex,
+            subtask_index=self.spec.subtask_index,
+            status=status,
+            outputs=outputs,
+            checkpoints=self.checkpoint_log,
+            records_in=self.records_in,
+            bytes_in=self.bytes_in,
+            bytes_out=sum(w.bytes_out for w in self.writers),
+        )
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Finish reporting, then close the channels and the event stream."""
+        self.ack_worker.close(timeout)
+        if self.events is not None:
+            self.events.close()
+        self.gate.close()
+        for ch in self.outputs:
+            ch.close()
