@@ -97,8 +97,9 @@ class ClientConfig:
         return self.base_url + path
 
     def delay(self, attempt: int, response: httpx.Response | None = None) -> float:
-        """Seconds to wait before retry number ``attempt`` (0-based): exponential backoff with full jitter,
-        at least what a ``Retry-After`` header asks for (capped at ``max_backoff``)."""
+        """Seconds to wait before retry number ``attempt`` (0-based): exponential backoff, jittered between half
+        and all of ``backoff * 2**attempt`` (so many clients do not retry in step), capped at ``max_backoff``;
+        at least what a ``Retry-After`` header asks for, within the same cap."""
         ceiling = min(self.max_backoff, self.backoff * (2**attempt))
         wait = random.uniform(ceiling / 2, ceiling)
         if response is not None:
@@ -173,7 +174,7 @@ def unreachable(config: ClientConfig, call: Call[Any] | None, exc: Exception, re
         )
     return CoordinatorUnreachable(
         f"cannot reach the coordinator at {config.base_url}{tries} ({what}: {type(exc).__name__}: "
-        f"{exc or 'no detail'}); is it running? set --url or OVERTAKE_URL",
+        f"{exc or 'no detail'}); is it running at that address? (set it with --url or OVERTAKE_URL)",
         config.base_url,
     )
 

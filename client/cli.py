@@ -55,12 +55,10 @@ class Session:
     def client(self) -> OvertakeClient:
         return OvertakeClient(self.url, token=self.token)
 
-    def show(self, value: BaseModel | list[BaseModel], render: Callable[[Any], RenderableType]) -> None:
+    def show(self, value: BaseModel, render: Callable[[Any], RenderableType]) -> None:
+        """The model as JSON with --json, else as ``render`` draws it."""
         if self.json:
-            if isinstance(value, list):
-                typer.echo("[" + ",".join(v.model_dump_json() for v in value) + "]")
-            else:
-                typer.echo(value.model_dump_json(indent=2))
+            typer.echo(value.model_dump_json(indent=2))
         else:
             self.out.print(render(value))
 
