@@ -121,9 +121,11 @@ class AsyncOvertakeClient(Endpoints):
                         stream.seen(event, sse.retry)
                         yield event
             except httpx.TransportError as exc:
+                if self._http.is_closed:  # closed (maybe from another thread) to end the stream
+                    return
                 await anyio.sleep(stream.after_error(exc))
                 continue
             delay = stream.after_close()
-            if delay is None:
+            if delay is None or self._http.is_closed:
                 return
             await anyio.sleep(delay)

@@ -98,3 +98,16 @@ def test_json_output_is_the_models_json(coordinator):
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == checkpoint(3) | {"stop_job": False}
     assert json.loads(coordinator.bodies[0]) == {"policy": "unaligned"}
+
+
+def test_demo_passes_its_arguments_through_and_exits_with_their_status(monkeypatch):
+    import sys
+    import types
+
+    received = []
+    fake = types.ModuleType("spark_plugin.demo")
+    fake.main = lambda argv: received.append(argv) or 3
+    monkeypatch.setitem(sys.modules, "spark_plugin.demo", fake)
+    result = runner.invoke(cli.app, ["demo", "--records", "1000", "--help", "-x"])
+    assert received == [["--records", "1000", "--help", "-x"]]
+    assert result.exit_code == 3

@@ -105,3 +105,13 @@ async def test_the_async_stream_resumes_too():
                 break
     assert seen == [1, 2, 3]
     assert script.requests[1].headers["Last-Event-ID"] == "1"
+
+
+def test_closing_the_client_ends_a_followed_stream_quietly():
+    script = Script(stream(sse_event(1), fail=httpx.ReadError("socket closed")))
+    c = OvertakeClient(URL, transport=httpx.MockTransport(script))
+    events = c.events(1)
+    assert next(events).id == 1
+    c.close()  # e.g. from another thread, to stop a subtask's event feed
+    assert list(events) == []
+    assert len(script.requests) == 1
