@@ -56,6 +56,9 @@ class PendingCheckpoint:
     sync_duration: int
     bytes_at_first_barrier: int
     out_pending: int
+    snapshot_ms: int = 0
+    switched_ms: int | None = None
+    backpressured: bool = False
     converted: bool = False
     last_barrier_ms: int | None = None
     processed_bytes: int = 0
@@ -175,6 +178,9 @@ class Subtask:
             sync_duration=int((time.perf_counter() - t0) * 1000),
             bytes_at_first_barrier=self.bytes_in,
             out_pending=0,
+            snapshot_ms=self.now_ms(),
+            switched_ms=self.now_ms() if unaligned and barrier.policy == "aligned_then_unaligned" else None,
+            backpressured=bool(self.outputs) and not self._outputs_available(),
         )
 
     def forward_barrier(self, barrier: CheckpointBarrier, priority: bool) -> None:
@@ -325,6 +331,7 @@ class Subtask:
                 overtaken = ch.convert_barrier(checkpoint_id)
                 if overtaken is not None:
                     p.unaligned = True
+                    p.switched_ms = p.switched_ms or self.now_ms()
                     for data, records in overtaken:
                         p.writer.add_output_data(ch.info, data, records)
             p.converted = True
@@ -377,7 +384,10 @@ class Subtask:
             }
             self.checkpoint_log.append(
                 {"checkpoint_id": cid, "unaligned": p.unaligned, "persisted": result.persisted_bytes,
-                 "segments": len(result.segments)}
+                 "segments": len(result.segments), "policy": p.barrier.policy,
+                 "trigger_timestamp": p.barrier.trigger_timestamp, "alignment_timeout": p.barrier.alignment_timeout,
+                 "snapshot_ms": p.snapshot_ms, "switched_ms": p.switched_ms,
+                 "backpressured": p.backpressured}
             )
             self.ack_worker.submit(
                 CheckpointUpload(
