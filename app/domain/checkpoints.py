@@ -77,7 +77,8 @@ async def trigger(
         alignment_timeout=alignment_timeout,
         trigger_ts=now,
         timeout_at=now + cfg.timeout,
-        switch_at=(now + alignment_timeout) if alignment_timeout is not None else None,
+        # With a zero timeout the barrier itself says 'unaligned from the start'; no switch event is needed.
+        switch_at=(now + alignment_timeout) if alignment_timeout else None,
         num_subtasks=job.num_subtasks,
         num_acked=0,
         state_size=0,
