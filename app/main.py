@@ -162,8 +162,8 @@ def _document_errors(app: FastAPI) -> None:
             schemas[name] = sub
         schemas["ErrorResponse"] = error_schema
         ref = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
-        for path, ops in spec.get("paths", {}).items():
-            for op in ops.values():
+        for path, operations in spec.get("paths", {}).items():
+            for op in operations.values():
                 responses = op.setdefault("responses", {})
                 if path.startswith("/api/"):
                     responses["422"] = {"description": "Invalid request: the message names the problem.", "content": ref}
