@@ -60,8 +60,11 @@ class TaskBundle:
     job_id: int
     attempt: int
     events_after: int | None
-    deadline: float | None
+    time_limit: float | None
     network: NetworkConfig
+    stop_after_checkpoints: int | None = None
+    restore: dict = field(default_factory=dict)
+    restore_checkpoint: int | None = None
 
 
 def task_slots(sc: Any) -> int:
@@ -100,13 +103,21 @@ def run_pipeline(
     token: str | None = None,
     time_limit: float | None = None,
     network: NetworkConfig | None = None,
-    restore_from: int | str | None = None,
+    restore_from: int | str | None = "latest",
     labels: dict[str, str] | None = None,
+    job_id: int | None = None,
+    finish: bool = True,
+    stop_after_checkpoints: int | None = None,
 ) -> RunResult:
     """Run ``pipeline`` on Spark as one barrier stage, checkpointed by the coordinator at ``coordinator``.
 
     ``checkpoint`` is a ``client.models.CheckpointConfig`` (or dict); ``time_limit`` (seconds) ends the run
-    even if the sources have not; a job cancelled through the coordinator ends it too.
+    even if the sources have not; a job cancelled through the coordinator ends it too. With ``job_id`` the run
+    is a new attempt of that job, restored from ``restore_from`` ("latest" completed checkpoint, an id, or None
+    for a fresh start); without it a new job is registered. With ``finish`` (the default) the job is marked
+    FINISHED when the sources end or the time limit passes; ``finish=False`` leaves it open for another attempt.
+    ``stop_after_checkpoints`` ends the run once that many checkpoints completed (tests, benchmarks).
+    The time limit counts from the moment all Spark tasks of the stage are up.
     """
     from client.models import CheckpointConfig, Graph, JobCreate
     from client.sync import OvertakeClient
@@ -128,11 +139,17 @@ def run_pipeline(
         checkpoint = CheckpointConfig(**checkpoint)
     client = OvertakeClient(coordinator, token)
     try:
-        job = client.create_job(
-            JobCreate(name=job_name or plan.name, graph=Graph(**plan.graph()), checkpoint=checkpoint,
-                      labels=labels or {})
-        )
+        if job_id is None:
+            job = client.create_job(
+                JobCreate(name=job_name or plan.name, graph=Graph(**plan.graph()), checkpoint=checkpoint,
+                          labels=labels or {})
+            )
+        else:
+            job = client.get_job(job_id)
         attempt = client.start_attempt(job.id, restore_from=restore_from)
+        restore = {
+            (s.vertex, s.subtask_index): s.model_dump(mode="json") for s in attempt.restore_plan.subtasks
+        }
         after = _event_cursor(client, job.id, attempt.attempt)
         started = time.time()
         bundle = TaskBundle(
@@ -143,8 +160,11 @@ def run_pipeline(
             job_id=job.id,
             attempt=attempt.attempt,
             events_after=after,
-            deadline=started + time_limit if time_limit is not None else None,
+            time_limit=time_limit,
+            stop_after_checkpoints=stop_after_checkpoints,
             network=network or NetworkConfig(),
+            restore=restore,
+            restore_checkpoint=attempt.restore_plan.checkpoint_id,
         )
         n = len(specs)
         sc.setJobDescription(f"overtake job {job.id} ({plan.name}) attempt {attempt.attempt}")
@@ -158,7 +178,7 @@ def run_pipeline(
         results = sorted((pickle.loads(r) for r in rows), key=lambda r: (r.vertex, r.subtask_index))
         statuses = {r.status for r in results}
         status = "finished" if statuses == {"finished"} else sorted(statuses - {"finished"})[0]
-        if not status.startswith("job "):
+        if finish and not status.startswith("job "):
             _finish(client, job.id, "FINISHED", None if status == "finished" else status, attempt.attempt)
         return RunResult(job.id, attempt.attempt, status, results, time.time() - started)
     finally:
@@ -204,14 +224,30 @@ def run_task(bundle: TaskBundle, _partition: Any):
     pid = ctx.partitionId()
     spec = bundle.specs[pid]
     listener = Listener("0.0.0.0")
-    peers = ctx.allGather(json.dumps({"task": pid, "host": _task_host(ctx, pid), "port": listener.port}))
-    addresses = {m["task"]: (m["host"], m["port"]) for m in map(json.loads, peers)}
+    peers = [
+        json.loads(m)
+        for m in ctx.allGather(
+            json.dumps({"task": pid, "host": _task_host(ctx, pid), "port": listener.port, "up": time.time()})
+        )
+    ]
+    addresses = {m["task"]: (m["host"], m["port"]) for m in peers}
+    # one deadline for all tasks: the time limit counts from when the last task came up
+    deadline = max(m["up"] for m in peers) + bundle.time_limit if bundle.time_limit is not None else None
     client = OvertakeClient(bundle.coordinator, bundle.token)
     who = TaskIdentity(bundle.job_id, bundle.attempt, spec.vertex, spec.subtask_index)
     events = SdkEvents(OvertakeClient(bundle.coordinator, bundle.token), bundle.job_id, bundle.events_after)
     subtask = build_subtask(
-        bundle.plan, spec, SdkReporter(client, who), events, bundle.network, bundle.attempt, bundle.deadline
+        bundle.plan, spec, SdkReporter(client, who), events, bundle.network, bundle.attempt, deadline,
+        bundle.stop_after_checkpoints,
     )
+    part = bundle.restore.get((spec.vertex, spec.subtask_index))
+    if bundle.restore_checkpoint is not None and part is not None:
+        from spark_plugin.restore import restore_subtask
+
+        def fetch(blob_id: str, start: int | None, end: int | None) -> bytes:
+            return client.download_blob(bundle.job_id, blob_id, start, end)
+
+        restore_subtask(subtask, part, fetch, bundle.restore_checkpoint)
     listener.serve(subtask)
     connect_inputs(subtask, addresses)
     result = subtask.run()

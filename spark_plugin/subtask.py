@@ -94,8 +94,11 @@ class Subtask:
         network: NetworkConfig | None = None,
         attempt: int | None = None,
         deadline: float | None = None,
+        stop_after_checkpoints: int | None = None,
     ) -> None:
         self.spec = spec
+        self.stop_after_checkpoints = stop_after_checkpoints
+        self.completed_seen = 0
         self.operators = operators
         self.network = network or NetworkConfig()
         self.attempt = attempt
@@ -139,6 +142,7 @@ class Subtask:
         self.handler = BarrierHandler(len(spec.inputs), self)
         self.pending: dict[int, PendingCheckpoint] = {}
         self.current: BufferReader | None = None
+        self.current_recovered = False
         self._overtaken: dict[int, list[bytes]] = {}
         self._actions: deque[tuple[str, dict]] = deque()
         self._coordinator_aborted: set[int] = set()
@@ -299,6 +303,9 @@ class Subtask:
                 cid = int(data["checkpoint_id"])
                 for op in self.operators:
                     op.notify_checkpoint_complete(cid)
+                self.completed_seen += 1
+                if self.stop_after_checkpoints is not None and self.completed_seen >= self.stop_after_checkpoints:
+                    self.halted = "checkpoint limit"
             elif kind == "job.status":
                 if data.get("status") in ("CANCELLED", "FAILED"):
                     self.halted = f"job {data.get('status', '').lower()}"
@@ -442,8 +449,9 @@ class Subtask:
         self.records_in += n
         if reader.pos >= len(reader.data):
             self.current = None
-            with self.lock:
-                self.gate.release(reader.channel)
+            if not self.current_recovered:
+                with self.lock:
+                    self.gate.release(reader.channel)
 
     def _poll_source(self) -> bool:
         batch = self.source.poll(SOURCE_BATCH)
@@ -467,7 +475,7 @@ class Subtask:
             return False
         ch, item = got
         kind = item[0]
-        if kind == net_input.BUFFER:
+        if kind == net_input.BUFFER or kind == net_input.RECOVERED:
             data = item[1]
             self.bytes_in += len(data)
             if ch.recording is not None:
@@ -475,6 +483,7 @@ class Subtask:
                 if p is not None:
                     p.writer.add_input_data(ch.info, data)
             self.current = BufferReader(data, ch.index)
+            self.current_recovered = kind == net_input.RECOVERED
         elif kind == net_input.BARRIER:
             self.handler.on_barrier(ch.index, item[1])
         elif kind == net_input.END:

@@ -19,9 +19,13 @@ def build_subtask(
     network: NetworkConfig,
     attempt: int | None = None,
     deadline: float | None = None,
+    stop_after_checkpoints: int | None = None,
 ) -> Subtask:
     """A subtask with its own copies of the chain's operators (as a Spark task would unpickle them)."""
     vertex = plan.vertex(spec.vertex)
     operators = cloudpickle.loads(cloudpickle.dumps(vertex.operators))
     edge_keys = [out.edge.key_fn for out in spec.outputs]
-    return Subtask(spec, operators, edge_keys, reporter, events, network, attempt=attempt, deadline=deadline)
+    return Subtask(
+        spec, operators, edge_keys, reporter, events, network, attempt=attempt, deadline=deadline,
+        stop_after_checkpoints=stop_after_checkpoints,
+    )

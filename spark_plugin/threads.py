@@ -9,6 +9,7 @@ from spark_plugin.config import NetworkConfig
 from spark_plugin.connect import Listener, connect_inputs
 from spark_plugin.coordination import CheckpointReporter, CoordinatorEvents
 from spark_plugin.pipeline import Pipeline
+from spark_plugin.restore import FetchBlob, restore_subtask
 from spark_plugin.subtask import Subtask, SubtaskResult
 from spark_plugin.tasks import build_subtask
 from spark_plugin.topology import TaskSpec, task_specs
@@ -24,6 +25,9 @@ class ThreadedRun:
         events_for: Callable[[TaskSpec], CoordinatorEvents | None],
         network: NetworkConfig | None = None,
         deadline: float | None = None,
+        restore: dict[tuple[str, int], dict] | None = None,
+        fetch: FetchBlob | None = None,
+        restore_checkpoint: int | None = None,
     ) -> None:
         self.plan = pipeline.plan()
         self.specs = task_specs(self.plan)
@@ -32,6 +36,11 @@ class ThreadedRun:
             build_subtask(self.plan, s, reporter_for(s), events_for(s), network, deadline=deadline)
             for s in self.specs
         ]
+        for st in self.subtasks:
+            part = (restore or {}).get((st.spec.vertex, st.spec.subtask_index))
+            if part is not None:
+                assert fetch is not None, "a restore needs a blob fetcher"
+                restore_subtask(st, part, fetch, restore_checkpoint)
         self.results: dict[int, SubtaskResult] = {}
         self.errors: dict[int, BaseException] = {}
         self._threads: list[threading.Thread] = []

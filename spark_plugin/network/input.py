@@ -19,6 +19,7 @@ from spark_plugin.network import wire
 from spark_plugin.network.mailbox import Mailbox
 
 BUFFER = "B"
+RECOVERED = "R"  # a buffer of recovered input channel state: processed first, returns no credit
 BARRIER = "E"
 PRIORITY = "P"
 END = "END"
@@ -160,9 +161,15 @@ class InputGate:
             if item[0] == PRIORITY and item[1] is barrier:
                 del items[pos]
                 break
-            if item[0] == BUFFER:
+            if item[0] == BUFFER or item[0] == RECOVERED:
                 overtaken.append(item[1])
         return index, barrier, overtaken
+
+    def prepend_recovered(self, index: int, buffers: list[bytes]) -> None:
+        """Queue recovered input channel state ahead of everything the channel will receive."""
+        with self.mailbox.lock:
+            self.channels[index].items.extendleft((RECOVERED, b) for b in reversed(buffers))
+            self.mailbox.signal_locked()
 
     def failed(self) -> InputChannel | None:
         for ch in self.channels:

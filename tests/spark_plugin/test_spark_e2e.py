@@ -182,3 +182,25 @@ def test_too_few_spark_slots_is_refused_with_the_local_master_needed(spark):
     p.source(SequenceSource(count=10), id="src").rebalance().map(str, id="m").sink(DiscardSink(), id="out")
     with pytest.raises(PipelineError, match=r"needs 6 task slots.*offers 4.*local\[6\]"):
         p.run(spark, "http://127.0.0.1:9")
+
+
+def test_a_new_attempt_restores_the_latest_unaligned_checkpoint_exactly_once(spark, coordinator):
+    first = backpressured("e2e-restore", count=None).run(
+        spark, coordinator.url, checkpoint=config("unaligned", 300), network=SMALL_BUFFERS,
+        stop_after_checkpoints=2, finish=False,
+    )
+    assert first.status == "checkpoint limit"
+    with OvertakeClient(coordinator.url) as client:
+        plan = client.restore_plan(first.job_id)
+    assert plan.checkpoint_id is not None
+    restored_segments = [s for sub in plan.subtasks for s in sub.input_channel_state + sub.output_channel_state]
+    emitted = [sub.source_offsets["emitted"] for sub in plan.subtasks if sub.vertex == "src"]
+    count = 2 * max(emitted) + 4_000  # the second run's sources stop here; it covers all that was emitted
+    second = backpressured("e2e-restore", count=count).run(
+        spark, coordinator.url, checkpoint=config("unaligned", 300), network=SMALL_BUFFERS, job_id=first.job_id,
+        restore_from="latest",
+    )
+    assert second.attempt == first.attempt + 1
+    assert restored_segments, "the restored checkpoint had no in-flight data to replay"
+    seqs = sorted(r[1] for r in second.outputs("out"))
+    assert seqs == list(range(count)), f"{len(seqs) - len(set(seqs))} duplicates, {count - len(set(seqs))} missing"
