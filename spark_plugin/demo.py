@@ -1,0 +1,291 @@
+"""``overtake demo``: a backpressured pipeline on local Spark, checkpointed unaligned and then aligned, side by side.
+
+Starts the coordinator on its embedded defaults (SQLite and blobs in a directory, in-process event bus) as a
+subprocess unless ``--coordinator URL`` is given, runs a pipeline whose keyed stage spends ``--record-cost``
+milliseconds per record so that backpressure builds, takes a checkpoint every second, shows a live table of the
+checkpoints, and prints a summary of both runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from spark_plugin.config import NetworkConfig
+from spark_plugin.pipeline import Pipeline
+from spark_plugin.sinks import DiscardSink
+from spark_plugin.sources import SequenceSource
+
+
+def slow_count(cost_s: float):
+    """A keyed process function that spends ``cost_s`` seconds per record and counts records per key."""
+
+    def process(key, record, state):
+        time.sleep(cost_s)
+        state.update((state.value() or 0) + 1)
+        return [(key, record[1])]
+
+    return process
+
+
+def build_pipeline(name: str, parallelism: int, cost_ms: float, payload: int, keys: int, skew: float) -> Pipeline:
+    """The demo pipeline: sequence source -> parse -> key_by -> slow keyed count -> discarding sink."""
+    p = Pipeline(name, parallelism=parallelism)
+    (
+        p.source(SequenceSource(keys=keys, skew=skew, payload=payload), id="source")
+        .map(lambda r: r, id="parse")
+        .key_by(lambda r: r[0])
+        .process(slow_count(cost_ms / 1000.0), id="slow-count")
+        .sink(DiscardSink(), id="sink")
+    )
+    return p
+
+
+class EmbeddedCoordinator:
+    """The coordinator on its embedded defaults, as a uvicorn subprocess on a free port."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> EmbeddedCoordinator:
+        import httpx
+
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "OVERTAKE_DATA_DIR": str(self.data_dir), "OVERTAKE_LOG_LEVEL": "WARNING"}
+        log = open(self.data_dir / "coordinator.log", "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory", "--host", "127.0.0.1",
+             "--port", str(self.port), "--log-level", "warning", "--no-access-log"],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"the coordinator exited with code {self.proc.returncode}; see {self.data_dir / 'coordinator.log'}"
+                )
+            try:
+                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"the coordinator did not become ready in {timeout}s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def _fmt_ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.0f} ms"
+
+
+def _fmt_bytes(v: float | None) -> str:
+    if v is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(v) < 1024 or unit == "GiB":
+            return f"{v:,.0f} {unit}" if unit == "B" else f"{v:,.1f} {unit}"
+        v /= 1024
+    return str(v)
+
+
+def checkpoint_table(title: str, checkpoints: list) -> Any:
+    from rich.table import Table
+
+    t = Table(title=title, expand=False)
+    for col in ("id", "type", "status", "end-to-end", "persisted in-flight", "alignment", "acks"):
+        t.add_column(col, justify="right" if col not in ("type", "status") else "left")
+    for c in sorted(checkpoints, key=lambda c: c.id)[-15:]:
+        status = c.status.value
+        style = {"COMPLETED": "green", "ABORTED": "red"}.get(status, "yellow")
+        t.add_row(
+            str(c.id), c.checkpoint_type.value, f"[{style}]{status}[/]", _fmt_ms(c.end_to_end_duration),
+            _fmt_bytes(c.persisted_data), _fmt_ms(c.alignment_duration),
+            f"{c.num_acknowledged_subtasks}/{c.num_subtasks}",
+        )
+    return t
+
+
+def summarize(checkpoints: list, records: int, seconds: float) -> dict[str, Any]:
+    """Statistics of a run's checkpoints after warm-up.
+
+    The checkpoints triggered before the first one completed are left out: they waited for the Spark tasks to
+    start, which says nothing about barriers. Checkpoints aborted because the run ended are left out too.
+    """
+    ordered = sorted(checkpoints, key=lambda c: c.id)
+    first_done = next((c.id for c in ordered if c.status.value == "COMPLETED"), None)
+    steady = [c for c in ordered if first_done is not None and c.id > first_done]
+    steady = [c for c in steady if "job_ended" not in (c.failure_reason or "")]
+    done = [c for c in steady if c.status.value == "COMPLETED"]
+    durations = sorted(c.end_to_end_duration for c in done if c.end_to_end_duration is not None)
+    return {
+        "checkpoints after warm-up": len(steady),
+        "completed": len(done),
+        "aborted": sum(1 for c in steady if c.status.value == "ABORTED"),
+        "median end-to-end": statistics.median(durations) if durations else None,
+        "p90 end-to-end": durations[int(0.9 * (len(durations) - 1))] if durations else None,
+        "max end-to-end": durations[-1] if durations else None,
+        "avg persisted in-flight": statistics.mean(c.persisted_data for c in done) if done else None,
+        "max alignment": max((c.alignment_duration or 0 for c in done), default=None),
+        "records/s (slow stage)": records / seconds if seconds else 0,
+    }
+
+
+def run_phase(args: argparse.Namespace, spark: Any, url: str, policy: str, console: Any) -> dict[str, Any]:
+    from rich.live import Live
+
+    from client.models import CheckpointConfig
+    from client.sync import OvertakeClient
+
+    name = f"demo-{policy}-{int(time.time())}"
+    pipeline = build_pipeline(name, args.parallelism, args.record_cost, args.payload, args.keys, args.skew)
+    config = CheckpointConfig(interval=args.interval, policy=policy, timeout=max(60_000, args.duration * 2000),
+                              retained=3)
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = pipeline.run(
+                spark, url, checkpoint=config, time_limit=args.duration,
+                network=NetworkConfig(buffer_size=args.buffer_size),
+            )
+        except BaseException as e:  # noqa: BLE001 - reported below
+            outcome["error"] = e
+
+    runner = threading.Thread(target=target, name=f"demo {policy}", daemon=True)
+    runner.start()
+    client = OvertakeClient(url)
+    checkpoints: list = []
+    job_id = None
+    title = f"{policy} checkpoints every {args.interval} ms, {args.record_cost} ms per record in the keyed stage"
+    with Live(checkpoint_table(title, []), console=console, refresh_per_second=4, transient=False) as live:
+        while runner.is_alive():
+            if job_id is None:
+                jobs = [j for j in client.list_jobs(limit=20).items if j.name == name]
+                job_id = jobs[0].id if jobs else None
+            if job_id is not None:
+                checkpoints = client.list_checkpoints(job_id, limit=1000).items
+                live.update(checkpoint_table(title, checkpoints))
+            runner.join(0.5)
+        if job_id is not None:
+            checkpoints = client.list_checkpoints(job_id, limit=1000).items
+            live.update(checkpoint_table(title, checkpoints))
+    client.close()
+    if "error" in outcome:
+        raise outcome["error"]
+    result = outcome["result"]
+    records = sum(s.records_in for s in result.subtasks if s.vertex == "slow-count")
+    return summarize(checkpoints, records, args.duration)
+
+
+def summary_table(results: dict[str, dict[str, Any]]) -> Any:
+    """One column per policy run, one row per statistic."""
+    from rich.table import Table
+
+    t = Table(title="same pipeline, same backpressure: " + " vs ".join(results))
+    t.add_column("")
+    for policy in results:
+        t.add_column(policy, justify="right")
+    first = next(iter(results.values()))
+    for key in first:
+        cells = []
+        for summary in results.values():
+            v = summary[key]
+            if "end-to-end" in key or "alignment" in key:
+                cells.append(_fmt_ms(v))
+            elif "persisted" in key:
+                cells.append(_fmt_bytes(v))
+            elif isinstance(v, float):
+                cells.append(f"{v:,.0f}")
+            else:
+                cells.append(str(v))
+        t.add_row(key, *cells)
+    return t
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="overtake demo", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--coordinator", help="URL of a running coordinator (default: start an embedded one)")
+    ap.add_argument("--data-dir", type=Path, help="where the embedded coordinator keeps its data (default: a temp dir)")
+    ap.add_argument("--duration", type=float, default=20.0, help="seconds per run (default 20)")
+    ap.add_argument("--interval", type=int, default=1000, help="checkpoint interval in ms (default 1000)")
+    ap.add_argument("--parallelism", type=int, default=2, help="subtasks per operator chain (default 2)")
+    ap.add_argument("--record-cost", type=float, default=1.0, help="ms the keyed stage spends per record (default 1)")
+    ap.add_argument("--payload", type=int, default=100, help="bytes of padding per record (default 100)")
+    ap.add_argument("--keys", type=int, default=64, help="distinct keys (default 64)")
+    ap.add_argument("--skew", type=float, default=0.8, help="Zipf exponent of the key distribution (default 0.8)")
+    ap.add_argument("--buffer-size", type=int, default=32 * 1024, help="network buffer size in bytes (default 32 KiB)")
+    ap.add_argument("--only", choices=["unaligned", "aligned"], help="run one policy only")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``overtake demo``; returns the exit code."""
+    from rich.console import Console
+
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    console = Console()
+    coordinator: EmbeddedCoordinator | None = None
+    url = args.coordinator
+    if url is None:
+        data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="overtake-demo-"))
+        console.print(f"starting the coordinator (embedded defaults, data in {data_dir}) ...")
+        coordinator = EmbeddedCoordinator(data_dir).start()
+        url = coordinator.url
+    tasks = 2 * args.parallelism
+    try:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        from pyspark.sql import SparkSession
+
+        own_spark = SparkSession.getActiveSession() is None
+        console.print(f"starting Spark local[{tasks}] ..." if own_spark else "using the active Spark session ...")
+        spark = (
+            SparkSession.builder.master(f"local[{tasks}]").appName("overtake-demo")
+            .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        results = {}
+        for policy in ("unaligned", "aligned"):
+            if args.only and policy != args.only:
+                continue
+            console.rule(f"{policy} checkpoints")
+            results[policy] = run_phase(args, spark, url, policy, console)
+        if results:
+            console.print(summary_table(results))
+            console.print("warm-up (checkpoints up to the first completed one) and checkpoints aborted by the end "
+                          "of a run are not counted")
+        if own_spark:
+            spark.stop()
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if coordinator is not None:
+            coordinator.stop()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
