@@ -1,4 +1,4 @@
-"""The Overtake SDK's public surface: the sync and async clients, their errors, and the wire models.
+"""The Overtake SDK's public surface: the sync and async clients and their errors (wire models: client.models).
 
 from client.sdk import OvertakeClient
 
