@@ -468,9 +468,9 @@ class Subtask:
         self.records_in += len(batch)
         return True
 
-    def _take_input(self) -> bool:
+    def _take_input(self, events_only: bool = False) -> bool:
         with self.lock:
-            got = self.gate.poll()
+            got = self.gate.poll(events_only)
         if got is None:
             return False
         ch, item = got
@@ -498,7 +498,8 @@ class Subtask:
         if self.ended_output:
             return False
         if self.outputs and not self._outputs_available():
-            return False
+            # no room for records, but a barrier or the end of a channel can still be taken
+            return self.current is None and self.source is None and self._take_input(events_only=True)
         if self.current is not None:
             self._process_current()
             return True

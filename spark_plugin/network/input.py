@@ -135,13 +135,19 @@ class InputGate:
         else:
             self._grant(ch, 1)
 
-    def poll(self) -> tuple[InputChannel, tuple] | None:
-        """The next item of the next unblocked channel with data, round robin; None if there is none."""
+    def poll(self, events_only: bool = False) -> tuple[InputChannel, tuple] | None:
+        """The next item of the next unblocked channel with data, round robin; None if there is none.
+
+        With ``events_only`` only a barrier or end-of-partition at the head of a channel is returned: what the
+        subtask can act on while its outputs have no room for the records of a buffer.
+        """
         n = len(self.channels)
         for k in range(n):
             i = (self._next_channel + k) % n
             ch = self.channels[i]
             if ch.blocked or not ch.items or ch.items[0][0] == PRIORITY:
+                continue
+            if events_only and ch.items[0][0] in (BUFFER, RECOVERED):
                 continue
             self._next_channel = (i + 1) % n
             return ch, ch.items.popleft()

@@ -88,7 +88,7 @@ def test_priority_barrier_needs_no_credit_and_overtakes_queued_buffers():
         assert (index, got.checkpoint_id) == (0, 7)
         assert before == [encode_records([0])]  # it overtook the received, unprocessed buffer too
         assert [item[0] for item in ch.items] == [net_input.BUFFER]
-    assert sent == [7]
+    _wait_until(lambda: sent == [7], mb_out, "the sender to report the barrier sent")
 
 
 def test_aligned_barrier_waits_behind_queued_buffers():
@@ -107,7 +107,7 @@ def test_aligned_barrier_waits_behind_queued_buffers():
     _wait_until(lambda: len(ch.items) == 2, mb_in, "buffer and barrier")
     with mb_in.lock:
         assert [item[0] for item in ch.items] == [net_input.BUFFER, net_input.BARRIER]
-    assert sent == [3]
+    _wait_until(lambda: sent == [3], mb_out, "the sender to report the barrier sent")
 
 
 def test_stuck_aligned_barrier_is_converted_to_a_priority_barrier():
