@@ -1,7 +1,7 @@
 """``overtake demo``: a backpressured pipeline on local Spark, checkpointed unaligned and then aligned, side by side.
 
 Starts the coordinator on its embedded defaults (SQLite and blobs in a directory, in-process event bus) as a
-subprocess unless ``--coordinator URL`` is given, runs a pipeline whose keyed stage spends ``--record-cost``
+subprocess (``app.local.LocalCoordinator``) unless ``--coordinator URL`` is given, runs a pipeline whose keyed stage spends ``--record-cost``
 milliseconds per record so that backpressure builds, takes a checkpoint every second, shows a live table of the
 checkpoints, and prints a summary of both runs.
 """
@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -50,54 +48,6 @@ def build_pipeline(name: str, parallelism: int, cost_ms: float, payload: int, ke
     return p
 
 
-class EmbeddedCoordinator:
-    """The coordinator on its embedded defaults, as a uvicorn subprocess on a free port."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 60.0) -> EmbeddedCoordinator:
-        import httpx
-
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "OVERTAKE_DATA_DIR": str(self.data_dir), "OVERTAKE_LOG_LEVEL": "WARNING"}
-        log = open(self.data_dir / "coordinator.log", "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory", "--host", "127.0.0.1",
-             "--port", str(self.port), "--log-level", "warning", "--no-access-log"],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"the coordinator exited with code {self.proc.returncode}; see {self.data_dir / 'coordinator.log'}"
-                )
-            try:
-                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"the coordinator did not become ready in {timeout}s")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-
 def _fmt_ms(v: float | None) -> str:
     return "-" if v is None else f"{v:,.0f} ms"
 
@@ -133,18 +83,19 @@ def summarize(checkpoints: list, records: int, seconds: float) -> dict[str, Any]
     """Statistics of a run's checkpoints after warm-up.
 
     The checkpoints triggered before the first one completed are left out: they waited for the Spark tasks to
-    start, which says nothing about barriers. Checkpoints aborted because the run ended are left out too.
+    start, which says nothing about barriers. Checkpoints still pending when the run ended are counted apart.
     """
     ordered = sorted(checkpoints, key=lambda c: c.id)
     first_done = next((c.id for c in ordered if c.status.value == "COMPLETED"), None)
     steady = [c for c in ordered if first_done is not None and c.id > first_done]
-    steady = [c for c in steady if "job_ended" not in (c.failure_reason or "")]
+    unfinished = [c for c in steady if "job_ended" in (c.failure_reason or "") or c.status.value == "PENDING"]
     done = [c for c in steady if c.status.value == "COMPLETED"]
     durations = sorted(c.end_to_end_duration for c in done if c.end_to_end_duration is not None)
     return {
         "checkpoints after warm-up": len(steady),
         "completed": len(done),
-        "aborted": sum(1 for c in steady if c.status.value == "ABORTED"),
+        "aborted": sum(1 for c in steady if c.status.value == "ABORTED") - len(unfinished),
+        "unfinished when the run ended": len(unfinished),
         "median end-to-end": statistics.median(durations) if durations else None,
         "p90 end-to-end": durations[int(0.9 * (len(durations) - 1))] if durations else None,
         "max end-to-end": durations[-1] if durations else None,
@@ -230,7 +181,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="overtake demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--coordinator", help="URL of a running coordinator (default: start an embedded one)")
     ap.add_argument("--data-dir", type=Path, help="where the embedded coordinator keeps its data (default: a temp dir)")
-    ap.add_argument("--duration", type=float, default=20.0, help="seconds per run (default 20)")
+    ap.add_argument("--duration", type=float, default=30.0, help="seconds per run (default 30)")
     ap.add_argument("--interval", type=int, default=1000, help="checkpoint interval in ms (default 1000)")
     ap.add_argument("--parallelism", type=int, default=2, help="subtasks per operator chain (default 2)")
     ap.add_argument("--record-cost", type=float, default=1.0, help="ms the keyed stage spends per record (default 1)")
@@ -248,12 +199,14 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     console = Console()
-    coordinator: EmbeddedCoordinator | None = None
+    coordinator = None
     url = args.coordinator
     if url is None:
+        from app.local import LocalCoordinator
+
         data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="overtake-demo-"))
         console.print(f"starting the coordinator (embedded defaults, data in {data_dir}) ...")
-        coordinator = EmbeddedCoordinator(data_dir).start()
+        coordinator = LocalCoordinator(data_dir, {"OVERTAKE_LOG_LEVEL": "WARNING"}).start()
         url = coordinator.url
     tasks = 2 * args.parallelism
     try:
@@ -275,8 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             results[policy] = run_phase(args, spark, url, policy, console)
         if results:
             console.print(summary_table(results))
-            console.print("warm-up (checkpoints up to the first completed one) and checkpoints aborted by the end "
-                          "of a run are not counted")
+            console.print("warm-up (the checkpoints up to the first completed one, which waited for Spark to "
+                          "start the tasks) is not counted")
         if own_spark:
             spark.stop()
         return 0

@@ -23,7 +23,7 @@ def test_demo_runs_one_policy_against_a_given_coordinator(spark, coordinator, ca
         assert jobs and jobs[0].num_completed >= 1
 
 
-def test_summary_leaves_out_warm_up_and_checkpoints_aborted_by_the_end_of_the_run():
+def test_summary_leaves_out_warm_up_and_counts_checkpoints_unfinished_at_the_end_apart():
     class C:
         def __init__(self, id, status, e2e=None, reason=None, persisted=0):
             from types import SimpleNamespace
@@ -34,6 +34,7 @@ def test_summary_leaves_out_warm_up_and_checkpoints_aborted_by_the_end_of_the_ru
     cps = [C(1, "COMPLETED", 7000), C(2, "COMPLETED", 100, persisted=10), C(3, "COMPLETED", 300, persisted=30),
            C(4, "ABORTED", reason="job_ended: the job ended as FINISHED")]
     s = demo.summarize(cps, records=500, seconds=5)
-    assert s["checkpoints after warm-up"] == 2 and s["completed"] == 2 and s["aborted"] == 0
+    assert s["checkpoints after warm-up"] == 3 and s["completed"] == 2 and s["aborted"] == 0
+    assert s["unfinished when the run ended"] == 1
     assert s["max end-to-end"] == 300 and s["avg persisted in-flight"] == 20
     assert s["records/s (slow stage)"] == 100
