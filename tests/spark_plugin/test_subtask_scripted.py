@@ -1,0 +1,132 @@
+"""The subtask loop's barrier actions, driven step by step with scripted channel contents (no sockets)."""
+
+from __future__ import annotations
+
+import pickle
+
+from spark_plugin.barriers import CheckpointBarrier
+from spark_plugin.channel_state import ChannelStateReader
+from spark_plugin.config import NetworkConfig
+from spark_plugin.framing import encode_records
+from spark_plugin.network import input as net_input
+from spark_plugin.pipeline import Pipeline
+from spark_plugin.sinks import CollectSink
+from spark_plugin.sources import SequenceSource
+from spark_plugin.tasks import build_subtask
+from spark_plugin.topology import task_specs
+from tests.spark_plugin.fakes import InMemoryCoordinator
+
+BARRIER = CheckpointBarrier(1, trigger_timestamp=0, policy="unaligned", unaligned=True)
+INJECT: list = []
+
+
+def inject_on_third(record):
+    """Map function: when record 2 is processed, a priority barrier arrives (as the network thread would)."""
+    if record == 2 and INJECT:
+        INJECT.pop()()
+    return record
+
+
+def build(vertex: str, p: Pipeline, coord: InMemoryCoordinator):
+    plan = p.plan()
+    spec = next(s for s in task_specs(plan) if s.vertex == vertex)
+    return build_subtask(plan, spec, coord.reporter(spec), None, NetworkConfig(buffer_size=64))
+
+
+def sink_pipeline() -> Pipeline:
+    p = Pipeline("scripted")
+    p.source(SequenceSource(count=1), id="src").rebalance().map(inject_on_third, id="m").sink(CollectSink(), id="out")
+    return p
+
+
+def test_priority_barrier_is_taken_between_records_and_the_unread_rest_of_the_buffer_is_persisted():
+    coord = InMemoryCoordinator()
+    st = build("m", sink_pipeline(), coord)
+    ch = st.gate.channels[0]
+    first, second = encode_records(range(10)), encode_records(range(10, 15))
+    ch.items.extend([(net_input.BUFFER, first), (net_input.BUFFER, second)])
+
+    def arrive():
+        ch.items.append((net_input.PRIORITY, BARRIER))
+        st.gate.priority.append((0, BARRIER))
+
+    INJECT.append(arrive)
+    assert st._take_input()  # takes the first buffer
+    st._process_current()  # processes records 0, 1, 2, then sees the priority barrier
+    assert st.records_in == 3
+    st._handle_priority()
+    while st._step():
+        pass
+    st._complete_checkpoints()
+    st.ack_worker.close()
+    ack = coord.acks[1][("m", 0)]
+    state = pickle.loads(coord.blobs[ack["operator_state"]["blob_id"]])["operators"]["out"]
+    assert state["records"] == [0, 1, 2]
+    reader = ChannelStateReader(coord.blobs[ack["channel_state"]["blob_id"]])
+    (segment,) = ack["channel_segments"]
+    assert segment["channel"] == "in:src[0]->m[0]" and segment["direction"] == "input"
+    assert reader.segment_buffers(segment) == [encode_records(range(3, 10)), second]
+    assert first.endswith(reader.segment_buffers(segment)[0])  # a byte range of the buffer that travelled
+    assert st.operators[-1].sink.records == list(range(15))  # and everything is still processed
+
+
+def test_priority_barrier_overtakes_queued_output_buffers_and_persists_them_as_output_state():
+    coord = InMemoryCoordinator()
+    p = Pipeline("scripted-out")
+    p.source(SequenceSource(count=1000), id="src").rebalance().map(str, id="m").sink(CollectSink(), id="out")
+    st = build("src", p, coord)
+    while st._outputs_available():
+        st._poll_source()  # no receiver attached: the buffers stay queued
+    queued = [item[1] for item in st.outputs[0].queue]
+    st.handler.on_trigger(CheckpointBarrier(1, 0, "unaligned"))
+    with st.lock:
+        st.outputs[0].queue.popleft()  # the sender takes the barrier first
+        st._on_barrier_sent(1)
+    st._complete_checkpoints()
+    st.ack_worker.close()
+    ack = coord.acks[1][("src", 0)]
+    (segment,) = ack["channel_segments"]
+    assert segment["direction"] == "output" and segment["channel"] == "out:src[0]->m[0]"
+    persisted = ChannelStateReader(coord.blobs[ack["channel_state"]["blob_id"]]).segment_buffers(segment)
+    # the queued buffers, then the partly filled buffer that was flushed in front of the barrier
+    assert persisted[: len(queued)] == queued and len(persisted) == len(queued) + 1
+    emitted = ack["source_offsets"]["emitted"]
+    records = [r for b in persisted for r in pickle_records(b)]
+    assert [r[1] for r in records] == list(range(emitted))  # nothing was sent: all emitted is output state
+
+
+def pickle_records(buffer: bytes) -> list:
+    from spark_plugin.framing import decode_records
+
+    return decode_records(buffer)
+
+
+def test_aligned_barrier_in_a_queue_past_the_timeout_is_converted_and_what_it_overtook_persisted():
+    coord = InMemoryCoordinator()
+    p = Pipeline("scripted-convert")
+    p.source(SequenceSource(count=1000), id="src").rebalance().map(str, id="m").sink(CollectSink(), id="out")
+    st = build("src", p, coord)
+    while st._outputs_available():
+        st._poll_source()
+    queued = [item[1] for item in st.outputs[0].queue]
+    now = st.now_ms()
+    st.handler.on_trigger(CheckpointBarrier(1, now, "aligned_then_unaligned", alignment_timeout=60_000))
+    assert st.outputs[0].queue[-1][0] == "E"  # aligned: at the tail
+    st._on_timers()
+    assert st.outputs[0].queue[-1][0] == "E"  # before the deadline nothing changes
+    st.pending[1].barrier = CheckpointBarrier(1, now - 60_000, "aligned_then_unaligned", alignment_timeout=60_000)
+    st._on_timers()
+    assert st.outputs[0].queue[0][0] == "P" and st.outputs[0].queue[0][1].unaligned
+    with st.lock:
+        st.outputs[0].queue.popleft()
+        st._on_barrier_sent(1)
+    st._complete_checkpoints()
+    st.ack_worker.close()
+    ack = coord.acks[1][("src", 0)]
+    assert ack["metrics"]["unaligned"] is True
+    persisted = ChannelStateReader(coord.blobs[ack["channel_state"]["blob_id"]]).segment_buffers(
+        ack["channel_segments"][0]
+    )
+    assert persisted[: len(queued)] == queued and len(persisted) == len(queued) + 1
+    records = [r for b in persisted for r in pickle_records(b)]
+    assert [r[1] for r in records] == list(range(ack["source_offsets"]["emitted"]))
