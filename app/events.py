@@ -61,6 +61,7 @@ class EventBus(Protocol):
     async def publish(self, events: list[Event]) -> None: ...
     def subscribe(self, job_id: int) -> asyncio.Queue[Event]: ...
     def unsubscribe(self, job_id: int, queue: asyncio.Queue[Event]) -> None: ...
+    def add_listener(self, callback) -> None: ...
     async def ping(self) -> None: ...
 
 
@@ -71,6 +72,11 @@ class MemoryBus:
 
     def __init__(self) -> None:
         self._subs: dict[int, set[asyncio.Queue[Event]]] = defaultdict(set)
+        self._listeners: list = []
+
+    def add_listener(self, callback) -> None:
+        """Call `callback(event)` for every event delivered to this process (from any replica)."""
+        self._listeners.append(callback)
 
     async def start(self) -> None:
         return None
@@ -89,6 +95,8 @@ class MemoryBus:
             self._subs.pop(job_id, None)
 
     def deliver(self, event: Event) -> None:
+        for callback in self._listeners:
+            callback(event)
         for q in list(self._subs.get(event.job_id, ())):
             try:
                 q.put_nowait(event)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -30,7 +29,8 @@ log = logging.getLogger(__name__)
 
 
 def ack_hash(ack: SubtaskAck) -> str:
-    return hashlib.sha256(json.dumps(ack.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+    """The ack's identity for idempotency: its canonical JSON (fields in model order), hashed."""
+    return hashlib.sha256(ack.model_dump_json().encode()).hexdigest()
 
 
 @dataclass
