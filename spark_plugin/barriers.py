@@ -209,8 +209,8 @@ class CollectingAligned(BarrierState):
         return WaitingForFirstBarrier(self.handler)
 
     def on_switch_to_unaligned(self, checkpoint_id: int) -> BarrierState:
-        if checkpoint_id != self.checkpoint_id:
-            return self
+        if checkpoint_id != self.checkpoint_id or self.barrier.policy == ALIGNED:
+            return self  # an aligned checkpoint (a savepoint, a source's final checkpoint) never switches
         return self._switch(None)
 
     def on_abort(self, checkpoint_id: int, reason: str) -> BarrierState:

@@ -35,6 +35,9 @@ class CheckpointReporter(Protocol):
 
     def decline(self, checkpoint_id: int, reason: str) -> None: ...
 
+    def request_checkpoint(self) -> None:
+        """Ask the coordinator for a checkpoint now (a source's final checkpoint); a refusal is fine."""
+
 
 class CheckpointDiscarded(Exception):
     """The coordinator no longer wants this checkpoint (aborted, subsumed): drop the work."""
@@ -91,6 +94,14 @@ class SdkReporter:
             )
         except (Conflict, NotFound):
             pass  # already aborted or completed: nothing to decline
+
+    def request_checkpoint(self) -> None:
+        from client.errors import Conflict
+
+        try:
+            self.client.trigger_checkpoint(self.who.job_id)
+        except Conflict:
+            pass  # one is pending or the pause has not passed: the next request or the scheduler will do
 
 
 class CoordinatorEvents(Protocol):
@@ -163,6 +174,9 @@ class AckWorker:
     def decline(self, checkpoint_id: int, reason: str) -> None:
         self._queue.put(("decline", (checkpoint_id, reason)))
 
+    def request_checkpoint(self) -> None:
+        self._queue.put(("request", None))
+
     def discard(self, checkpoint_id: int) -> None:
         """The checkpoint was aborted: skip its queued upload if it has not started."""
         self._discarded.add(checkpoint_id)
@@ -183,6 +197,8 @@ class AckWorker:
                     cid, reason = item
                     self.reporter.decline(cid, reason)
                     self.declined.append(cid)
+                elif kind == "request":
+                    self.reporter.request_checkpoint()
                 else:
                     self._ack(item)
             except CheckpointDiscarded as e:

@@ -13,6 +13,7 @@ import os
 import pickle
 import re
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -251,7 +252,12 @@ def run_task(bundle: TaskBundle, _partition: Any):
     listener.serve(subtask)
     connect_inputs(subtask, addresses)
     result = subtask.run()
+    stop = threading.Event()
+    finished = threading.Thread(target=subtask.serve_finished, args=(stop,), name="finished", daemon=True)
+    finished.start()  # keeps acknowledging checkpoints while the other subtasks still run
     ctx.barrier()  # every subtask left its loop: closing channels now breaks nobody's input
+    stop.set()
+    finished.join(10)
     subtask.close()
     listener.close()
     result.acked = list(subtask.ack_worker.acked)

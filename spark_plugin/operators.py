@@ -38,8 +38,8 @@ class Operator:
     def bind(self, out: Emit) -> Emit:
         raise NotImplementedError
 
-    def snapshot(self) -> Any:
-        """Operator state to persist (None: stateless)."""
+    def snapshot(self, checkpoint_id: int) -> Any:
+        """Operator state to persist for checkpoint ``checkpoint_id`` (None: stateless)."""
         return None
 
     def restore(self, state: Any) -> None:
@@ -119,7 +119,7 @@ class KeyedOperator(Operator):
         super().open(subtask_index, parallelism, max_parallelism)
         self.state = KeyedState(max_parallelism, key_group_range(subtask_index, max_parallelism, parallelism))
 
-    def snapshot(self) -> Any:
+    def snapshot(self, checkpoint_id: int) -> Any:
         assert self.state is not None
         return {"keyed": self.state.snapshot()}
 
@@ -224,8 +224,8 @@ class SinkOperator(Operator):
     def bind(self, out: Emit) -> Emit:
         return self.sink.write
 
-    def snapshot(self) -> Any:
-        return self.sink.snapshot()
+    def snapshot(self, checkpoint_id: int) -> Any:
+        return self.sink.snapshot(checkpoint_id)
 
     def restore(self, state: Any) -> None:
         if state is not None:
@@ -236,6 +236,10 @@ class SinkOperator(Operator):
 
     def close(self) -> Any:
         return self.sink.close()
+
+    @property
+    def commits_on_checkpoints(self) -> bool:
+        return bool(getattr(self.sink, "commits_on_checkpoints", False))
 
 
 class SourceOperator(Operator):

@@ -6,7 +6,13 @@ from typing import Any
 
 
 class Sink:
-    """A sink subtask's writer. ``snapshot`` returns what must survive a restore; commit on completion."""
+    """A sink subtask's writer. ``snapshot`` returns what must survive a restore; commit on completion.
+
+    A sink that makes its output visible only when a checkpoint completes sets ``commits_on_checkpoints``:
+    the sources of its pipeline then end with a final checkpoint, so a bounded run commits all its output.
+    """
+
+    commits_on_checkpoints = False
 
     def open(self, subtask_index: int, parallelism: int) -> None:
         self.subtask_index = subtask_index
@@ -15,7 +21,7 @@ class Sink:
     def write(self, record: Any) -> None:
         raise NotImplementedError
 
-    def snapshot(self) -> Any:
+    def snapshot(self, checkpoint_id: int) -> Any:
         return None
 
     def restore(self, state: Any) -> None:
@@ -44,7 +50,7 @@ class CollectSink(Sink):
     def write(self, record: Any) -> None:
         self.records.append(record)
 
-    def snapshot(self) -> Any:
+    def snapshot(self, checkpoint_id: int) -> Any:
         return {"records": list(self.records)}
 
     def restore(self, state: Any) -> None:
@@ -66,7 +72,7 @@ class DiscardSink(Sink):
     def write(self, record: Any) -> None:
         self.count += 1
 
-    def snapshot(self) -> Any:
+    def snapshot(self, checkpoint_id: int) -> Any:
         return {"count": self.count}
 
     def restore(self, state: Any) -> None:

@@ -8,6 +8,7 @@ the :class:`~spark_plugin.barriers.BarrierActions` of its barrier handler.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pickle
 import threading
@@ -95,8 +96,13 @@ class Subtask:
         attempt: int | None = None,
         deadline: float | None = None,
         stop_after_checkpoints: int | None = None,
+        final_checkpoint: bool = False,
     ) -> None:
         self.spec = spec
+        self.final_checkpoint = final_checkpoint
+        self.source_exhausted = False
+        self._final_candidates: set[int] = set()
+        self._next_final_request = 0.0
         self.stop_after_checkpoints = stop_after_checkpoints
         self.completed_seen = 0
         self.operators = operators
@@ -167,7 +173,7 @@ class Subtask:
 
     def snapshot(self, barrier: CheckpointBarrier, unaligned: bool, first_barrier_ms: int) -> None:
         t0 = time.perf_counter()
-        states = {op.id: op.snapshot() for op in self.operators}
+        states = {op.id: op.snapshot(barrier.checkpoint_id) for op in self.operators}
         blob = pickle.dumps({"operators": states}, protocol=5) if any(s is not None for s in states.values()) else None
         offsets = self.source.offsets() if self.source is not None else None
         writer = ChannelStateWriter()
@@ -295,6 +301,7 @@ class Subtask:
             elif kind == "checkpoint.aborted":
                 cid = int(data["checkpoint_id"])
                 self._coordinator_aborted.add(cid)
+                self._final_candidates.discard(cid)
                 reason = str(data.get("reason") or "aborted by the coordinator")
                 self.handler.on_abort(cid, reason)
                 if cid in self.pending:
@@ -303,6 +310,8 @@ class Subtask:
                 cid = int(data["checkpoint_id"])
                 for op in self.operators:
                     op.notify_checkpoint_complete(cid)
+                if cid in self._final_candidates:
+                    self._end_output()
                 self.completed_seen += 1
                 if self.stop_after_checkpoints is not None and self.completed_seen >= self.stop_after_checkpoints:
                     self.halted = "checkpoint limit"
@@ -311,7 +320,7 @@ class Subtask:
                     self.halted = f"job {data.get('status', '').lower()}"
 
     def _on_trigger(self, data: dict) -> None:
-        if self.spec.inputs:
+        if self.spec.inputs and not self.ended_output:
             return  # only sources act on triggers; the others wait for barriers
         barrier = CheckpointBarrier(
             checkpoint_id=int(data["checkpoint_id"]),
@@ -320,9 +329,19 @@ class Subtask:
             alignment_timeout=data.get("alignment_timeout"),
             is_savepoint=bool(data.get("is_savepoint", False)),
         )
+        if self.source_exhausted and not self.ended_output:
+            # The source has nothing more: a checkpoint whose barrier follows its last record is a final one.
+            # Its barrier goes aligned, behind every record, so the sinks' snapshots hold all of them.
+            self._final_candidates.add(barrier.checkpoint_id)
+            barrier = dataclasses.replace(barrier, policy="aligned", alignment_timeout=None)
         if self.ended_output:
-            self.handler.latest_checkpoint_id = max(self.handler.latest_checkpoint_id, barrier.checkpoint_id)
-            self.ack_worker.decline(barrier.checkpoint_id, f"source {self.spec.vertex}[{self.spec.subtask_index}] ended")
+            # a finished source still acknowledges: its state and final offsets, no barrier to send
+            if barrier.checkpoint_id > self.handler.latest_checkpoint_id:
+                self.handler.latest_checkpoint_id = barrier.checkpoint_id
+                self.snapshot(barrier, False, self.now_ms())
+                p = self.pending[barrier.checkpoint_id]
+                p.writer.finish_input()
+                p.writer.finish_output()
             return
         self.handler.on_trigger(barrier)
 
@@ -343,8 +362,17 @@ class Subtask:
                         p.writer.add_output_data(ch.info, data, records)
             p.converted = True
 
+    def _request_final_checkpoint(self) -> None:
+        self._next_final_request = time.monotonic() + 1.0
+        self.ack_worker.request_checkpoint()
+
     def _on_timers(self) -> None:
         now = self.now_ms()
+        if (
+            self.source_exhausted and not self.ended_output and not self._final_candidates
+            and time.monotonic() >= self._next_final_request
+        ):
+            self._request_final_checkpoint()
         d = self.handler.deadline()
         if d is not None and now >= d:
             self.handler.on_timer(now)
@@ -371,6 +399,8 @@ class Subtask:
                 t = min(t, dl / 1000 - now)
         if self._source_wait is not None:
             t = min(t, self._source_wait)
+        if self.source_exhausted and not self.ended_output:
+            t = min(t, self._next_final_request - time.monotonic())
         if self.deadline is not None:
             t = min(t, self.deadline - now)
         return max(t, 0.0005)
@@ -454,9 +484,16 @@ class Subtask:
                     self.gate.release(reader.channel)
 
     def _poll_source(self) -> bool:
+        if self.source_exhausted:
+            return False
         batch = self.source.poll(SOURCE_BATCH)
         if batch is None:
-            self._end_output()
+            if self.final_checkpoint:
+                # end only after a checkpoint taken behind the last record completed (committing sinks)
+                self.source_exhausted = True
+                self._request_final_checkpoint()
+            else:
+                self._end_output()
             return True
         if not batch:
             self._source_wait = self.source.wait_hint()
@@ -574,6 +611,19 @@ class Subtask:
             bytes_in=self.bytes_in,
             bytes_out=sum(w.bytes_out for w in self.writers),
         )
+
+    def serve_finished(self, stop: threading.Event) -> None:
+        """After the loop ended: acknowledge the checkpoints triggered while other subtasks still run.
+
+        A finished subtask receives no barriers any more, so it answers triggers with its final state (for a
+        source: its final offsets) until ``stop`` is set, which happens once every subtask of the run finished.
+        """
+        while not stop.is_set():
+            self._run_actions()
+            self._complete_checkpoints()
+            with self.lock:
+                if not self._actions:
+                    self.mailbox.wait(0.05)
 
     def close(self, timeout: float = 30.0) -> None:
         """Finish reporting, then close the channels and the event stream."""

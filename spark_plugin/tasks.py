@@ -27,5 +27,10 @@ def build_subtask(
     edge_keys = [out.edge.key_fn for out in spec.outputs]
     return Subtask(
         spec, operators, edge_keys, reporter, events, network, attempt=attempt, deadline=deadline,
-        stop_after_checkpoints=stop_after_checkpoints,
+        stop_after_checkpoints=stop_after_checkpoints, final_checkpoint=needs_final_checkpoint(plan),
     )
+
+
+def needs_final_checkpoint(plan: JobPlan) -> bool:
+    """Whether a sink of the plan commits on checkpoints, so sources must end with a final checkpoint."""
+    return any(getattr(op, "commits_on_checkpoints", False) for v in plan.vertices for op in v.operators)

@@ -44,6 +44,8 @@ class ThreadedRun:
         self.results: dict[int, SubtaskResult] = {}
         self.errors: dict[int, BaseException] = {}
         self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._all_done = threading.Event()
 
     def subtask(self, vertex: str, index: int) -> Subtask:
         for s in self.subtasks:
@@ -70,6 +72,11 @@ class ThreadedRun:
             self.results[i] = st.run()
         except BaseException as e:  # noqa: BLE001 - reported by join
             self.errors[i] = e
+        with self._lock:
+            if len(self.results) + len(self.errors) == len(self.subtasks):
+                self._all_done.set()
+        if i in self.results:
+            st.serve_finished(self._all_done)
 
     def join(self, timeout: float = 60.0) -> list[SubtaskResult]:
         for t in self._threads:

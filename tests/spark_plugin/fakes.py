@@ -47,10 +47,18 @@ class RecordingActions:
 class InMemoryCoordinator:
     """A coordinator fake for threaded runs: stores blobs and acks, broadcasts events to every subtask."""
 
-    def __init__(self) -> None:
+    def __init__(self, expected_subtasks: int | None = None, policy: str = "unaligned") -> None:
+        """With ``expected_subtasks`` it completes a checkpoint once that many acks arrived, and answers
+        checkpoint requests by triggering the next id with ``policy``."""
         import queue
         import threading
 
+        self.expected_subtasks = expected_subtasks
+        self.policy = policy
+        self.next_id = 1
+        self.completed: list[int] = []
+        self.triggered: set[int] = set()
+        self.aborted: set[int] = set()
         self._queue_cls = queue.Queue
         self.lock = threading.Lock()
         self.blobs: dict[str, bytes] = {}
@@ -73,6 +81,8 @@ class InMemoryCoordinator:
     def trigger(self, checkpoint_id: int, policy: str = "aligned", alignment_timeout=None, now=None) -> None:
         import time
 
+        self.next_id = max(self.next_id, checkpoint_id + 1)
+        self.triggered.add(checkpoint_id)
         self.publish(
             "checkpoint.triggered",
             {
@@ -100,12 +110,33 @@ class _FakeReporter:
         return BlobHandle(blob_id, hashlib.sha256(data).hexdigest(), len(data))
 
     def ack(self, checkpoint_id, ack):
-        with self.coord.lock:
-            self.coord.acks.setdefault(checkpoint_id, {})[(self.vertex, self.index)] = ack
+        c = self.coord
+        with c.lock:
+            acks = c.acks.setdefault(checkpoint_id, {})
+            acks[(self.vertex, self.index)] = ack
+            done = c.expected_subtasks is not None and len(acks) == c.expected_subtasks
+            if done:
+                c.completed.append(checkpoint_id)
+        if done:
+            c.publish("checkpoint.completed", {"checkpoint_id": checkpoint_id})
+
+    def request_checkpoint(self):
+        c = self.coord
+        with c.lock:
+            if any(t not in c.completed and t not in c.aborted for t in c.triggered):
+                return  # one is pending: refused, as the coordinator's max_concurrent=1 would
+            cid = c.next_id
+            c.triggered.add(cid)
+        c.trigger(cid, c.policy)
 
     def decline(self, checkpoint_id, reason):
-        with self.coord.lock:
-            self.coord.declines.append((checkpoint_id, self.vertex, self.index, reason))
+        c = self.coord
+        with c.lock:
+            c.declines.append((checkpoint_id, self.vertex, self.index, reason))
+            first = checkpoint_id not in c.aborted
+            c.aborted.add(checkpoint_id)
+        if c.expected_subtasks is not None and first:
+            c.publish("checkpoint.aborted", {"checkpoint_id": checkpoint_id, "reason": reason})
 
 
 class _FakeEvents:

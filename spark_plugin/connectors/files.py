@@ -1,0 +1,223 @@
+"""File connectors: JSON-lines and Parquet sources with offsets, and a JSON-lines sink committed on checkpoints.
+
+Files are assigned to source subtasks round robin in name order (file ``k`` to subtask ``k % parallelism``);
+the offset is ``{"file": index among the subtask's files, "position": byte offset or row}``, so a restore
+resumes at the record after the checkpoint.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+from spark_plugin.sinks import Sink
+from spark_plugin.sources import Source
+
+
+def _expand(paths: str | list[str], suffixes: tuple[str, ...]) -> list[str]:
+    found: list[str] = []
+    for p in [paths] if isinstance(paths, str) else paths:
+        if os.path.isdir(p):
+            found += [str(f) for f in sorted(Path(p).iterdir()) if f.is_file() and f.name.endswith(suffixes)]
+        else:
+            found += sorted(glob.glob(p)) or [p]
+    return sorted(dict.fromkeys(found))
+
+
+class _FileSource(Source):
+    suffixes: tuple[str, ...] = ()
+
+    def __init__(self, paths: str | list[str]) -> None:
+        self.paths = paths
+        self.file = 0
+        self.position = 0
+
+    def open(self, subtask_index: int, parallelism: int) -> None:
+        super().open(subtask_index, parallelism)
+        files = _expand(self.paths, self.suffixes)
+        missing = [f for f in files if not os.path.exists(f)]
+        if missing:
+            raise FileNotFoundError(f"{type(self).__name__}: no such file {missing[0]!r}")
+        self.files = files[subtask_index::parallelism]
+
+    def offsets(self) -> dict[str, Any]:
+        return {"file": self.file, "position": self.position}
+
+    def seek(self, offsets: dict[str, Any]) -> None:
+        self.close()
+        self.file = int(offsets.get("file", 0))
+        self.position = int(offsets.get("position", 0))
+
+
+class JsonLinesSource(_FileSource):
+    """One record (the parsed JSON value) per line of ``*.jsonl``/``*.json`` files; offsets are byte positions."""
+
+    suffixes = (".jsonl", ".json", ".ndjson")
+
+    def __init__(self, paths: str | list[str]) -> None:
+        super().__init__(paths)
+        self._handle = None
+
+    def poll(self, max_records: int) -> list[Any] | None:
+        out: list[Any] = []
+        while len(out) < max_records:
+            if self.file >= len(self.files):
+                return out or None
+            if self._handle is None:
+                self._handle = open(self.files[self.file], "rb")  # noqa: SIM115 - kept open across polls
+                self._handle.seek(self.position)
+            line = self._handle.readline()
+            if not line:
+                self._handle.close()
+                self._handle = None
+                self.file += 1
+                self.position = 0
+                continue
+            self.position += len(line)
+            if line.strip():
+                out.append(json.loads(line))
+        return out
+
+    def close(self) -> Any:
+        if getattr(self, "_handle", None) is not None:
+            self._handle.close()
+            self._handle = None
+        return None
+
+
+class ParquetSource(_FileSource):
+    """One record (a dict of the row) per row of ``*.parquet`` files; offsets are row numbers."""
+
+    suffixes = (".parquet",)
+
+    def __init__(self, paths: str | list[str], batch_rows: int = 1024) -> None:
+        super().__init__(paths)
+        self.batch_rows = batch_rows
+        self._rows: list[dict] = []
+        self._batches = None
+
+    def _open_file(self) -> None:
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(self.files[self.file])
+        self._batches = pf.iter_batches(batch_size=self.batch_rows)
+        skip = self.position
+        self._rows = []
+        while skip > 0:
+            batch = next(self._batches, None)
+            if batch is None:
+                break
+            if batch.num_rows <= skip:
+                skip -= batch.num_rows
+                continue
+            self._rows = batch.to_pylist()[skip:]
+            skip = 0
+
+    def poll(self, max_records: int) -> list[Any] | None:
+        out: list[Any] = []
+        while len(out) < max_records:
+            if self.file >= len(self.files):
+                return out or None
+            if self._batches is None:
+                self._open_file()
+            if not self._rows:
+                batch = next(self._batches, None)
+                if batch is None:
+                    self._batches = None
+                    self.file += 1
+                    self.position = 0
+                    continue
+                self._rows = batch.to_pylist()
+            take = self._rows[: max_records - len(out)]
+            del self._rows[: len(take)]
+            out.extend(take)
+            self.position += len(take)
+        return out
+
+    def close(self) -> Any:
+        self._batches = None
+        self._rows = []
+        return None
+
+
+class FileSink(Sink):
+    """Writes JSON lines; a checkpoint's output becomes visible (renamed into ``directory``) when it completes.
+
+    Records go to an in-progress file under ``directory/.inprogress``; a snapshot closes it into
+    ``directory/.pending`` (its name carries the checkpoint id); ``checkpoint.completed`` renames pending files
+    into ``directory`` as ``part-<subtask>-<checkpoint>.jsonl``. A restore commits the files of the restored
+    checkpoint and deletes the leftovers of the failed attempt, so every record appears exactly once.
+    """
+
+    commits_on_checkpoints = True
+
+    def __init__(self, directory: str, encoder=json.dumps) -> None:
+        self.directory = directory
+        self.encoder = encoder
+        self.pending: list[tuple[int, str]] = []
+        self._handle = None
+        self._count = 0
+        self.committed: list[str] = []
+
+    def open(self, subtask_index: int, parallelism: int) -> None:
+        super().open(subtask_index, parallelism)
+        self.root = Path(self.directory)
+        for d in (self.root, self.root / ".inprogress", self.root / ".pending"):
+            d.mkdir(parents=True, exist_ok=True)
+        self._run = uuid.uuid4().hex[:8]
+
+    def _inprogress(self) -> Path:
+        return self.root / ".inprogress" / f"part-{self.subtask_index}-{self._run}.jsonl"
+
+    def write(self, record: Any) -> None:
+        if self._handle is None:
+            self._handle = open(self._inprogress(), "a", encoding="utf-8")  # noqa: SIM115
+        self._handle.write(self.encoder(record))
+        self._handle.write("\n")
+        self._count += 1
+
+    def snapshot(self, checkpoint_id: int) -> Any:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+            name = f"part-{self.subtask_index}-{checkpoint_id:08d}.jsonl"
+            os.replace(self._inprogress(), self.root / ".pending" / name)
+            self.pending.append((checkpoint_id, name))
+        return {"pending": list(self.pending)}
+
+    def _commit(self, name: str) -> None:
+        src, dst = self.root / ".pending" / name, self.root / name
+        if src.exists():
+            os.replace(src, dst)
+        if dst.exists():
+            self.committed.append(name)
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        keep = []
+        for cid, name in self.pending:
+            if cid <= checkpoint_id:
+                self._commit(name)
+            else:
+                keep.append((cid, name))
+        self.pending = keep
+
+    def restore(self, state: Any) -> None:
+        restored = {name for _, name in state["pending"]}
+        for name in sorted(restored):
+            self._commit(name)  # part of a completed checkpoint: visible now
+        self.pending = []
+        prefix = f"part-{self.subtask_index}-"
+        for d in (self.root / ".pending", self.root / ".inprogress"):
+            for f in d.iterdir():
+                if f.name.startswith(prefix) and f.name not in restored:
+                    f.unlink()  # work of the failed attempt after the restored checkpoint
+
+    def close(self) -> Any:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+        return {"written": self._count, "committed": list(self.committed), "pending": list(self.pending)}
