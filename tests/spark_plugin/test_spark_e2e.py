@@ -207,3 +207,16 @@ def test_a_new_attempt_restores_the_latest_unaligned_checkpoint_exactly_once(spa
     assert restored_segments, "the restored checkpoint had no in-flight data to replay"
     seqs = sorted(r[1] for r in second.outputs("out"))
     assert seqs == list(range(count)), f"{len(seqs) - len(set(seqs))} duplicates, {count - len(set(seqs))} missing"
+
+
+def test_a_bounded_run_into_a_committing_sink_ends_with_a_final_checkpoint(spark, coordinator, tmp_path):
+    from spark_plugin.connectors import FileSink
+
+    out = tmp_path / "out"
+    result = backpressured("e2e-final", count=6_000, sink=FileSink(str(out))).run(
+        spark, coordinator.url, checkpoint=config("unaligned", 500), network=SMALL_BUFFERS
+    )
+    assert result.status == "finished"
+    committed = [line for f in sorted(out.glob("part-*.jsonl")) for line in f.read_text().splitlines()]
+    assert sorted(int(line.strip("[]").split(",")[1]) for line in committed) == list(range(6_000))
+    assert not list((out / ".pending").iterdir())
