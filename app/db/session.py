@@ -45,7 +45,7 @@ def make_engine(url: str, pool_size: int = 10) -> AsyncEngine:
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+    return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size)
 
 
 class Database:

@@ -264,15 +264,16 @@ async def decline(s: AsyncSession, job_id: int, checkpoint_id: int, body: Declin
 
 
 def check_subtask(job: JobRow, vertex: str, index: int) -> None:
-    for v in job.graph["vertices"]:
-        if v["id"] == vertex:
-            if index >= v["parallelism"]:
-                raise NotFound(
-                    f"job {job.id} has no subtask {vertex}[{index}]: vertex {vertex!r} has parallelism {v['parallelism']}"
-                )
-            return
-    names = ", ".join(v["id"] for v in job.graph["vertices"])
-    raise NotFound(f"job {job.id} has no vertex {vertex!r}; its vertices are {names}")
+    check_parallelism(job.id, {v["id"]: v["parallelism"] for v in job.graph["vertices"]}, vertex, index)
+
+
+def check_parallelism(job_id: int, parallelism: dict[str, int], vertex: str, index: int) -> None:
+    """404 unless `vertex[index]` is a subtask of the job (`parallelism`: vertex id -> parallelism)."""
+    p = parallelism.get(vertex)
+    if p is None:
+        raise NotFound(f"job {job_id} has no vertex {vertex!r}; its vertices are {', '.join(parallelism)}")
+    if index >= p:
+        raise NotFound(f"job {job_id} has no subtask {vertex}[{index}]: vertex {vertex!r} has parallelism {p}")
 
 
 def checkpoint_type(cp: CheckpointRow) -> str:
