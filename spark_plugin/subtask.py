@@ -8,19 +8,17 @@ the :class:`~spark_plugin.barriers.BarrierActions` of its barrier handler.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import pickle
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark_plugin.barriers import BarrierHandler, CheckpointBarrier
-from spark_plugin.channel_state import ChannelStateWriter
+from spark_plugin.barriers import BarrierHandler
+from spark_plugin.checkpointing import CheckpointActions, PendingCheckpoint
 from spark_plugin.config import NetworkConfig
-from spark_plugin.coordination import AckWorker, CheckpointReporter, CheckpointUpload, CoordinatorEvents
+from spark_plugin.coordination import AckWorker, CheckpointReporter, CoordinatorEvents
 from spark_plugin.framing import BufferReader
 from spark_plugin.keygroups import key_group_range
 from spark_plugin.network import input as net_input
@@ -29,6 +27,7 @@ from spark_plugin.network.mailbox import Mailbox
 from spark_plugin.network.output import OutputChannel
 from spark_plugin.operators import Operator, SourceOperator
 from spark_plugin.record_writer import RecordWriter, fan_out
+from spark_plugin.subtask_events import CoordinatorEventHandling
 from spark_plugin.topology import TaskSpec
 
 log = logging.getLogger("overtake.subtask")
@@ -42,27 +41,6 @@ CHECK_EVERY = 64
 
 class SubtaskFailed(RuntimeError):
     """The subtask cannot go on (a peer's connection broke while the pipeline was running)."""
-
-
-@dataclass
-class PendingCheckpoint:
-    """A checkpoint this subtask snapshotted and whose channel state is still being collected."""
-
-    barrier: CheckpointBarrier
-    writer: ChannelStateWriter
-    operator_state: bytes | None
-    source_offsets: dict | None
-    unaligned: bool
-    first_barrier_ms: int
-    sync_duration: int
-    bytes_at_first_barrier: int
-    out_pending: int
-    snapshot_ms: int = 0
-    switched_ms: int | None = None
-    backpressured: bool = False
-    converted: bool = False
-    last_barrier_ms: int | None = None
-    processed_bytes: int = 0
 
 
 @dataclass
@@ -82,7 +60,7 @@ class SubtaskResult:
     bytes_out: int = 0
 
 
-class Subtask:
+class Subtask(CheckpointActions, CoordinatorEventHandling):
     """One subtask of a chain of operators, with its input gate, output channels and barrier handler."""
 
     def __init__(
@@ -166,205 +144,7 @@ class Subtask:
             else None
         )
 
-    # ================================================================================== BarrierActions
-
-    def now_ms(self) -> int:
-        return int(time.time() * 1000)
-
-    def snapshot(self, barrier: CheckpointBarrier, unaligned: bool, first_barrier_ms: int) -> None:
-        t0 = time.perf_counter()
-        states = {op.id: op.snapshot(barrier.checkpoint_id) for op in self.operators}
-        blob = pickle.dumps({"operators": states}, protocol=5) if any(s is not None for s in states.values()) else None
-        offsets = self.source.offsets() if self.source is not None else None
-        writer = ChannelStateWriter()
-        writer.start(barrier.checkpoint_id)
-        self.pending[barrier.checkpoint_id] = PendingCheckpoint(
-            barrier=barrier,
-            writer=writer,
-            operator_state=blob,
-            source_offsets=offsets,
-            unaligned=unaligned,
-            first_barrier_ms=first_barrier_ms,
-            sync_duration=int((time.perf_counter() - t0) * 1000),
-            bytes_at_first_barrier=self.bytes_in,
-            out_pending=0,
-            snapshot_ms=self.now_ms(),
-            switched_ms=self.now_ms() if unaligned and barrier.policy == "aligned_then_unaligned" else None,
-            backpressured=bool(self.outputs) and not self._outputs_available(),
-        )
-
-    def forward_barrier(self, barrier: CheckpointBarrier, priority: bool) -> None:
-        for w in self.writers:
-            w.flush_all()
-        p = self.pending.get(barrier.checkpoint_id)
-        with self.lock:
-            for ch in self.outputs:
-                if priority:
-                    for data, records in ch.add_priority_barrier(barrier):
-                        if p is not None:
-                            p.writer.add_output_data(ch.info, data, records)
-                else:
-                    ch.add_barrier(barrier)
-            if p is not None:
-                p.out_pending = len(self.outputs)
-                if priority:
-                    p.converted = True
-                if not self.outputs:
-                    p.writer.finish_output()
-
-    def block(self, channel: int) -> None:
-        self.gate.channels[channel].blocked = True
-
-    def unblock_all(self) -> None:
-        for ch in self.gate.channels:
-            ch.blocked = False
-
-    def start_recording(self, channel: int, checkpoint_id: int) -> None:
-        ch = self.gate.channels[channel]
-        ch.recording = checkpoint_id
-        cur = self.current
-        p = self.pending.get(checkpoint_id)
-        if cur is not None and cur.channel == channel and cur.has_next() and p is not None:
-            # the barrier overtook the unprocessed rest of the buffer in hand: a byte range of it
-            p.writer.add_input_data(ch.info, cur.rest())
-
-    def stop_recording(self, channel: int) -> None:
-        ch = self.gate.channels[channel]
-        p = self.pending.get(ch.recording) if ch.recording is not None else None
-        if p is not None:
-            for data in self._overtaken.get(channel, ()):
-                p.writer.add_input_data(ch.info, data)
-        ch.recording = None
-
-    def finish_input(self, checkpoint_id: int, last_barrier_ms: int) -> None:
-        p = self.pending.get(checkpoint_id)
-        if p is None:
-            return
-        p.last_barrier_ms = last_barrier_ms
-        p.processed_bytes = self.bytes_in - p.bytes_at_first_barrier
-        p.writer.finish_input()
-
-    def abort(self, checkpoint_id: int, reason: str) -> None:
-        p = self.pending.pop(checkpoint_id, None)
-        if p is not None:
-            p.writer.abort()
-        self.ack_worker.discard(checkpoint_id)
-        self.checkpoint_log.append({"checkpoint_id": checkpoint_id, "aborted": reason})
-        if checkpoint_id not in self._coordinator_aborted:
-            self.ack_worker.decline(checkpoint_id, f"{self.spec.vertex}[{self.spec.subtask_index}]: {reason}")
-
-    # ================================================================================== network callbacks
-
-    def _on_barrier_sent(self, checkpoint_id: int) -> None:
-        """Called by a sender thread (lock held) when a barrier left an output queue."""
-        p = self.pending.get(checkpoint_id)
-        if p is not None:
-            p.out_pending -= 1
-            if p.out_pending <= 0:
-                p.writer.finish_output()
-
-    # ================================================================================== coordinator events
-
-    def start_events(self) -> None:
-        if self.events is None:
-            return
-        self._event_thread = threading.Thread(target=self._read_events, name="events", daemon=True)
-        self._event_thread.start()
-
-    def _read_events(self) -> None:
-        assert self.events is not None
-        try:
-            for kind, data in self.events:
-                attempt = data.get("attempt")
-                if kind.startswith("checkpoint.") and attempt is not None and self.attempt is not None:
-                    if attempt != self.attempt:
-                        continue
-                self.post(kind, data)
-        except Exception as e:  # noqa: BLE001
-            log.warning("event stream ended: %s", e)
-
-    def post(self, kind: str, data: dict) -> None:
-        """Hand a coordinator event to the loop (any thread)."""
-        with self.lock:
-            self._actions.append((kind, data))
-            self.mailbox.signal_locked()
-
-    def _run_actions(self) -> None:
-        while self._actions:
-            kind, data = self._actions.popleft()
-            if kind == "checkpoint.triggered":
-                self._on_trigger(data)
-            elif kind == "checkpoint.switch_to_unaligned":
-                cid = int(data["checkpoint_id"])
-                self.handler.on_switch_to_unaligned(cid)
-                self._convert_output_barriers(cid)
-            elif kind == "checkpoint.aborted":
-                cid = int(data["checkpoint_id"])
-                self._coordinator_aborted.add(cid)
-                self._final_candidates.discard(cid)
-                reason = str(data.get("reason") or "aborted by the coordinator")
-                self.handler.on_abort(cid, reason)
-                if cid in self.pending:
-                    self.abort(cid, reason)
-            elif kind == "checkpoint.completed":
-                cid = int(data["checkpoint_id"])
-                for op in self.operators:
-                    op.notify_checkpoint_complete(cid)
-                if cid in self._final_candidates:
-                    self._end_output()
-                self.completed_seen += 1
-                if self.stop_after_checkpoints is not None and self.completed_seen >= self.stop_after_checkpoints:
-                    self.halted = "checkpoint limit"
-            elif kind == "job.status":
-                if data.get("status") in ("CANCELLED", "FAILED"):
-                    self.halted = f"job {data.get('status', '').lower()}"
-
-    def _on_trigger(self, data: dict) -> None:
-        if self.spec.inputs and not self.ended_output:
-            return  # only sources act on triggers; the others wait for barriers
-        barrier = CheckpointBarrier(
-            checkpoint_id=int(data["checkpoint_id"]),
-            trigger_timestamp=int(data.get("trigger_timestamp") or self.now_ms()),
-            policy=str(data.get("policy") or "aligned"),
-            alignment_timeout=data.get("alignment_timeout"),
-            is_savepoint=bool(data.get("is_savepoint", False)),
-        )
-        if self.source_exhausted and not self.ended_output:
-            # The source has nothing more: a checkpoint whose barrier follows its last record is a final one.
-            # Its barrier goes aligned, behind every record, so the sinks' snapshots hold all of them.
-            self._final_candidates.add(barrier.checkpoint_id)
-            barrier = dataclasses.replace(barrier, policy="aligned", alignment_timeout=None)
-        if self.ended_output:
-            # a finished source still acknowledges: its state and final offsets, no barrier to send
-            if barrier.checkpoint_id > self.handler.latest_checkpoint_id:
-                self.handler.latest_checkpoint_id = barrier.checkpoint_id
-                self.snapshot(barrier, False, self.now_ms())
-                p = self.pending[barrier.checkpoint_id]
-                p.writer.finish_input()
-                p.writer.finish_output()
-            return
-        self.handler.on_trigger(barrier)
-
     # ================================================================================== timers
-
-    def _convert_output_barriers(self, checkpoint_id: int) -> None:
-        """Turn this checkpoint's aligned barriers still queued in outputs into priority barriers."""
-        p = self.pending.get(checkpoint_id)
-        if p is None or p.converted:
-            return
-        with self.lock:
-            for ch in self.outputs:
-                overtaken = ch.convert_barrier(checkpoint_id)
-                if overtaken is not None:
-                    p.unaligned = True
-                    p.switched_ms = p.switched_ms or self.now_ms()
-                    for data, records in overtaken:
-                        p.writer.add_output_data(ch.info, data, records)
-            p.converted = True
-
-    def _request_final_checkpoint(self) -> None:
-        self._next_final_request = time.monotonic() + 1.0
-        self.ack_worker.request_checkpoint()
 
     def _on_timers(self) -> None:
         now = self.now_ms()
@@ -404,39 +184,6 @@ class Subtask:
         if self.deadline is not None:
             t = min(t, self.deadline - now)
         return max(t, 0.0005)
-
-    # ================================================================================== checkpoints done
-
-    def _complete_checkpoints(self) -> None:
-        for cid in [c for c, p in self.pending.items() if p.writer.done]:
-            p = self.pending.pop(cid)
-            result = p.writer.result()
-            metrics = {
-                "sync_duration": p.sync_duration,
-                "alignment_duration": max(0, (p.last_barrier_ms or p.first_barrier_ms) - p.first_barrier_ms),
-                "start_delay": max(0, p.first_barrier_ms - p.barrier.trigger_timestamp),
-                "processed_data": p.processed_bytes,
-                "persisted_data": result.persisted_bytes,
-                "unaligned": p.unaligned,
-            }
-            self.checkpoint_log.append(
-                {"checkpoint_id": cid, "unaligned": p.unaligned, "persisted": result.persisted_bytes,
-                 "segments": len(result.segments), "policy": p.barrier.policy,
-                 "trigger_timestamp": p.barrier.trigger_timestamp, "alignment_timeout": p.barrier.alignment_timeout,
-                 "snapshot_ms": p.snapshot_ms, "switched_ms": p.switched_ms,
-                 "backpressured": p.backpressured}
-            )
-            self.ack_worker.submit(
-                CheckpointUpload(
-                    checkpoint_id=cid,
-                    operator_state=p.operator_state,
-                    channel_state=result.data if result.segments else None,
-                    channel_segments=result.segments,
-                    source_offsets=p.source_offsets,
-                    key_group_range=self.keyed_range,
-                    metrics=metrics,
-                )
-            )
 
     # ================================================================================== the loop
 
@@ -611,19 +358,6 @@ class Subtask:
             bytes_in=self.bytes_in,
             bytes_out=sum(w.bytes_out for w in self.writers),
         )
-
-    def serve_finished(self, stop: threading.Event) -> None:
-        """After the loop ended: acknowledge the checkpoints triggered while other subtasks still run.
-
-        A finished subtask receives no barriers any more, so it answers triggers with its final state (for a
-        source: its final offsets) until ``stop`` is set, which happens once every subtask of the run finished.
-        """
-        while not stop.is_set():
-            self._run_actions()
-            self._complete_checkpoints()
-            with self.lock:
-                if not self._actions:
-                    self.mailbox.wait(0.05)
 
     def close(self, timeout: float = 30.0) -> None:
         """Finish reporting, then close the channels and the event stream."""
