@@ -43,7 +43,9 @@ class Auth:
             return
         token = _bearer(request)
         if token is None:
-            raise Unauthorized("this route needs the admin token: send 'Authorization: Bearer <OVERTAKE_ADMIN_TOKEN>'")
+            raise Unauthorized(
+                "this route needs the admin token: send 'Authorization: Bearer <OVERTAKE_ADMIN_TOKEN>'"
+            )
         if not self._is_admin(token):
             if await self._job_of(token) is not None:
                 raise Forbidden("a task token cannot use management routes; use the admin token")

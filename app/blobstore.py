@@ -71,7 +71,9 @@ class _Base:
     async def stage(self, chunks: AsyncIterator[bytes], expected_sha256: str, max_size: int) -> Staged:
         expected = expected_sha256.lower()
         if not re.fullmatch(r"[0-9a-f]{64}", expected):
-            raise Invalid(f"X-Overtake-Sha256 {expected_sha256!r} is not a hex sha256 digest (64 hex characters)")
+            raise Invalid(
+                f"X-Overtake-Sha256 {expected_sha256!r} is not a hex sha256 digest (64 hex characters)"
+            )
         self.staging_dir.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(dir=self.staging_dir, prefix="upload-")
         path = Path(name)

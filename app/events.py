@@ -48,7 +48,9 @@ async def read_log(session: AsyncSession, job_id: int, after: int, limit: int = 
             .limit(limit)
         )
     ).scalars()
-    return [Event(id=r.seq, job_id=r.job_id, type=EventType(r.type), timestamp=r.ts, data=r.data) for r in rows]
+    return [
+        Event(id=r.seq, job_id=r.job_id, type=EventType(r.type), timestamp=r.ts, data=r.data) for r in rows
+    ]
 
 
 async def trim_log(session: AsyncSession, job_id: int, keep_after: int) -> None:
@@ -157,7 +159,11 @@ class RedisBus(MemoryBus):
             for e in events:
                 await self._redis.publish(REDIS_CHANNEL, e.model_dump_json())
         except Exception as exc:  # noqa: BLE001 - readers fall back to the log
-            log.warning("could not publish %d events to redis (%s); readers will find them in the log", len(events), exc)
+            log.warning(
+                "could not publish %d events to redis (%s); readers will find them in the log",
+                len(events),
+                exc,
+            )
             for e in events:
                 self.deliver(e)
 

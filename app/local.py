@@ -21,7 +21,11 @@ def free_port() -> int:
 
 class LocalCoordinator:
     def __init__(
-        self, data_dir: Path, env: dict[str, str] | None = None, port: int | None = None, scheduler_tick: float = 0.02
+        self,
+        data_dir: Path,
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+        scheduler_tick: float = 0.02,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.env = dict(env or {})
@@ -42,13 +46,27 @@ class LocalCoordinator:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("OVERTAKE_")}
         env.update(
-            {"OVERTAKE_DATA_DIR": str(self.data_dir), "OVERTAKE_SCHEDULER_TICK": str(self.scheduler_tick), **self.env}
+            {
+                "OVERTAKE_DATA_DIR": str(self.data_dir),
+                "OVERTAKE_SCHEDULER_TICK": str(self.scheduler_tick),
+                **self.env,
+            }
         )
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [
-                sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory",
-                "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning", "--no-access-log",
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "app.main:create_app",
+                "--factory",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+                "--no-access-log",
             ],
             env=env,
             stdout=log,
@@ -57,7 +75,9 @@ class LocalCoordinator:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"coordinator exited with {self.proc.returncode}: {self.log_path.read_text()[-3000:]}")
+                raise RuntimeError(
+                    f"coordinator exited with {self.proc.returncode}: {self.log_path.read_text()[-3000:]}"
+                )
             try:
                 if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
                     return self

@@ -76,8 +76,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             log.warning("OVERTAKE_ADMIN_TOKEN is not set: the coordinator runs without authentication")
         log.info(
             "coordinator ready",
-            extra={"database": _redact(settings.effective_database_url), "blobs": settings.effective_blob_url,
-                   "event_bus": _redact(settings.event_bus_url)},
+            extra={
+                "database": _redact(settings.effective_database_url),
+                "blobs": settings.effective_blob_url,
+                "event_bus": _redact(settings.event_bus_url),
+            },
         )
         try:
             yield
@@ -153,7 +156,9 @@ def _document_errors(app: FastAPI) -> None:
     def openapi() -> dict:
         if app.openapi_schema:
             return app.openapi_schema
-        spec = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        spec = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
         schemas = spec.setdefault("components", {}).setdefault("schemas", {})
         for name in ("HTTPValidationError", "ValidationError"):
             schemas.pop(name, None)
@@ -166,8 +171,14 @@ def _document_errors(app: FastAPI) -> None:
             for op in operations.values():
                 responses = op.setdefault("responses", {})
                 if path.startswith("/api/"):
-                    responses["422"] = {"description": "Invalid request: the message names the problem.", "content": ref}
-                    responses["4XX"] = {"description": "Refused: not found, conflict, unauthorized, forbidden, too large.", "content": ref}
+                    responses["422"] = {
+                        "description": "Invalid request: the message names the problem.",
+                        "content": ref,
+                    }
+                    responses["4XX"] = {
+                        "description": "Refused: not found, conflict, unauthorized, forbidden, too large.",
+                        "content": ref,
+                    }
                 else:
                     responses.pop("422", None)
         app.openapi_schema = spec

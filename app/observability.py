@@ -10,7 +10,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 CHECKPOINTS = Counter(
-    "overtake_checkpoints_total", "Checkpoints by outcome (triggered, completed, aborted).", ["outcome"], registry=REGISTRY
+    "overtake_checkpoints_total",
+    "Checkpoints by outcome (triggered, completed, aborted).",
+    ["outcome"],
+    registry=REGISTRY,
 )
 CHECKPOINT_DURATION = Histogram(
     "overtake_checkpoint_duration_seconds",
@@ -18,7 +21,9 @@ CHECKPOINT_DURATION = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
     registry=REGISTRY,
 )
-ACKS = Counter("overtake_acks_total", "Acks by result (recorded, duplicate, refused).", ["result"], registry=REGISTRY)
+ACKS = Counter(
+    "overtake_acks_total", "Acks by result (recorded, duplicate, refused).", ["result"], registry=REGISTRY
+)
 ACK_BATCH = Histogram(
     "overtake_ack_commit_batch_size",
     "Acks committed per group-commit transaction.",

@@ -120,7 +120,11 @@ class Scheduler:
                         s,
                         job,
                         EventType.checkpoint_switch_to_unaligned,
-                        {"checkpoint_id": cp.id, "attempt": cp.attempt, "alignment_timeout": cp.alignment_timeout},
+                        {
+                            "checkpoint_id": cp.id,
+                            "attempt": cp.attempt,
+                            "alignment_timeout": cp.alignment_timeout,
+                        },
                         now,
                     )
         return min((t for t in upcoming if t is not None), default=FAR)

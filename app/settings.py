@@ -14,20 +14,28 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="OVERTAKE_", env_file=None, extra="ignore")
 
-    data_dir: Path = Field(default=Path(".overtake"), description="Where the embedded database and blobs live.")
+    data_dir: Path = Field(
+        default=Path(".overtake"), description="Where the embedded database and blobs live."
+    )
     database_url: str | None = Field(
         default=None,
         description="sqlite+aiosqlite:///path or postgresql+asyncpg://user@host/db; default: SQLite in data_dir.",
     )
-    blob_url: str | None = Field(default=None, description="file:///dir or s3://bucket/prefix; default: data_dir/blobs.")
+    blob_url: str | None = Field(
+        default=None, description="file:///dir or s3://bucket/prefix; default: data_dir/blobs."
+    )
     redis_url: str | None = Field(default=None, description="redis://host:port/db; events between replicas.")
-    admin_token: str | None = Field(default=None, description="Bearer token for management routes; unset = open.")
+    admin_token: str | None = Field(
+        default=None, description="Bearer token for management routes; unset = open."
+    )
     host: str = "127.0.0.1"
     port: int = 8321
     max_blob_size: int = Field(default=512 * 1024 * 1024, description="Largest accepted upload, bytes.")
     scheduler_tick: float = Field(default=0.05, description="Seconds between scheduler passes.")
     scheduler_enabled: bool = True
-    ack_batch_max: int = Field(default=512, description="Most acks committed in one group-commit transaction.")
+    ack_batch_max: int = Field(
+        default=512, description="Most acks committed in one group-commit transaction."
+    )
     event_retention: int = Field(default=20_000, description="Events kept per job for resuming streams.")
     verify_blobs_on_restore: bool = True
     auto_migrate: bool = Field(default=True, description="Upgrade the database schema at start-up.")

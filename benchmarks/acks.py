@@ -97,7 +97,9 @@ class _Completions:
 def _register(url: str, subtasks: int) -> int:
     body = {
         "name": "ack-bench",
-        "graph": {"vertices": [{"id": "src", "parallelism": subtasks, "max_parallelism": max(128, subtasks)}]},
+        "graph": {
+            "vertices": [{"id": "src", "parallelism": subtasks, "max_parallelism": max(128, subtasks)}]
+        },
         "checkpoint": {"max_concurrent": 1, "timeout": 600_000, "retained": 1, "policy": "unaligned"},
     }
     job = httpx.post(f"{url}/api/v1/jobs", json=body, timeout=30).raise_for_status().json()
@@ -110,8 +112,14 @@ def _ack_body(i: int) -> dict:
         "attempt": 1,
         "vertex": "src",
         "subtask_index": i,
-        "metrics": {"sync_duration": 1, "async_duration": 3, "alignment_duration": 0, "processed_data": 4096,
-                    "persisted_data": 1024, "unaligned": True},
+        "metrics": {
+            "sync_duration": 1,
+            "async_duration": 3,
+            "alignment_duration": 0,
+            "processed_data": 4096,
+            "persisted_data": 1024,
+            "unaligned": True,
+        },
         "source_offsets": {f"split-{i}": 12345},
     }
 
@@ -129,14 +137,23 @@ def _measure_acks(
     errors: dict = {}
     with LoadGenerator("127.0.0.1", port, processes, concurrency) as lg:
         for _ in range(checkpoints):
-            cp = httpx.post(f"{url}/api/v1/jobs/{job}/checkpoints", json={}, timeout=30).raise_for_status().json()["id"]
+            cp = (
+                httpx.post(f"{url}/api/v1/jobs/{job}/checkpoints", json={}, timeout=30)
+                .raise_for_status()
+                .json()["id"]
+            )
             if batch <= 1:
                 path = f"/api/v1/jobs/{job}/checkpoints/{cp}/acks"
                 reqs = [build_request("POST", path, host, _ack_body(i)) for i in range(subtasks)]
             else:
                 path = f"/api/v1/jobs/{job}/checkpoints/{cp}/acks/batch"
                 reqs = [
-                    build_request("POST", path, host, {"acks": [_ack_body(i) for i in range(s, min(s + batch, subtasks))]})
+                    build_request(
+                        "POST",
+                        path,
+                        host,
+                        {"acks": [_ack_body(i) for i in range(s, min(s + batch, subtasks))]},
+                    )
                     for s in range(0, subtasks, batch)
                 ]
             run = lg.run(reqs)
@@ -183,29 +200,50 @@ def run(
     batch_size: int = 20,
     log=print,
 ) -> AckBenchResult:
-    result = AckBenchResult(subtasks=subtasks, checkpoints=checkpoints, processes=processes, concurrency=concurrency)
+    result = AckBenchResult(
+        subtasks=subtasks, checkpoints=checkpoints, processes=processes, concurrency=concurrency
+    )
     result.batch_size = batch_size
     with tempfile.TemporaryDirectory(prefix="overtake-bench-") as tmp:
-        for label, extra in (("group commit", {}), ("one transaction per ack", {"OVERTAKE_ACK_BATCH_MAX": "1"})):
+        for label, extra in (
+            ("group commit", {}),
+            ("one transaction per ack", {"OVERTAKE_ACK_BATCH_MAX": "1"}),
+        ):
             db_url, drop = new_pg_database(pg_admin_url)
             env = {"OVERTAKE_DATABASE_URL": db_url, "OVERTAKE_LOG_LEVEL": "WARNING", **extra}
             try:
                 with LocalCoordinator(Path(tmp) / label.replace(" ", "-"), env, scheduler_tick=0.05) as coord:
                     if not extra:
                         log("measuring the /healthz ceiling")
-                        result.ceiling_rps = _measure_ceiling(coord.port, subtasks * checkpoints, processes, concurrency)
+                        result.ceiling_rps = _measure_ceiling(
+                            coord.port, subtasks * checkpoints, processes, concurrency
+                        )
                         log(f"acks with {label}: {checkpoints} checkpoints x {subtasks} subtasks")
                         result.acks_per_s, result.completion_latency_ms, result.errors = _measure_acks(
                             coord.url, coord.port, subtasks, checkpoints, processes, concurrency, 1, result
                         )
                         log(f"batch acks ({batch_size} per request)")
                         result.batch_acks_per_s, _, _ = _measure_acks(
-                            coord.url, coord.port, subtasks, checkpoints, processes, concurrency, batch_size, result
+                            coord.url,
+                            coord.port,
+                            subtasks,
+                            checkpoints,
+                            processes,
+                            concurrency,
+                            batch_size,
+                            result,
                         )
                     else:
                         log(f"acks with {label}")
                         result.no_group_commit_acks_per_s, _, _ = _measure_acks(
-                            coord.url, coord.port, subtasks, max(2, checkpoints // 3), processes, concurrency, 1, result
+                            coord.url,
+                            coord.port,
+                            subtasks,
+                            max(2, checkpoints // 3),
+                            processes,
+                            concurrency,
+                            1,
+                            result,
                         )
             finally:
                 drop()
@@ -216,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(prog="overtake bench acks", description=__doc__)
-    p.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/postgres", help="admin URL (psycopg)")
+    p.add_argument(
+        "--postgres", default="postgresql://postgres@127.0.0.1:5432/postgres", help="admin URL (psycopg)"
+    )
     p.add_argument("--subtasks", type=int, default=2000)
     p.add_argument("--checkpoints", type=int, default=10)
     p.add_argument("--processes", type=int, default=2, help="load generator processes")
@@ -228,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     text = "## Coordinator ack throughput (PostgreSQL, real HTTP)\n\n" + r.markdown() + "\n"
     (args.out / "acks.md").write_text(text)
-    (args.out / "acks.json").write_text(json.dumps({**asdict(r), "ratio": r.ratio, "completion_p50_ms": r.completion_p50()}, indent=2))
+    (args.out / "acks.json").write_text(
+        json.dumps({**asdict(r), "ratio": r.ratio, "completion_p50_ms": r.completion_p50()}, indent=2)
+    )
     print(text)
     if r.errors:
         print(f"non-200 responses: {r.errors}")

@@ -11,7 +11,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 
-def build_request(method: str, path: str, host: str, body: object | None = None, headers: dict | None = None) -> bytes:
+def build_request(
+    method: str, path: str, host: str, body: object | None = None, headers: dict | None = None
+) -> bytes:
     payload = b"" if body is None else json.dumps(body, separators=(",", ":")).encode()
     lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", f"Content-Length: {len(payload)}"]
     if body is not None:

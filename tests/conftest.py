@@ -29,7 +29,9 @@ def pytest_collection_modifyitems(config, items):
     """Without Java, Spark tests skip with a reason on a user's machine; under CI they run (and fail)."""
     if _java_ok() or REQUIRE:
         return
-    skip = pytest.mark.skip(reason="PySpark needs Java 17+; none was found (install a JDK/JRE 17 to run Spark tests)")
+    skip = pytest.mark.skip(
+        reason="PySpark needs Java 17+; none was found (install a JDK/JRE 17 to run Spark tests)"
+    )
     for item in items:
         if "spark" in item.keywords:
             item.add_marker(skip)

@@ -23,7 +23,11 @@ async def healthz() -> Health:
 async def readyz(ctx: CtxDep):
     """The database, the event bus and the blob store are reachable."""
     checks: dict[str, str] = {}
-    for name, probe in (("database", ctx.db.ping), ("event_bus", ctx.bus.ping), ("blob_store", ctx.store.check)):
+    for name, probe in (
+        ("database", ctx.db.ping),
+        ("event_bus", ctx.bus.ping),
+        ("blob_store", ctx.store.check),
+    ):
         try:
             await probe()
             checks[name] = "ok"

@@ -41,7 +41,10 @@ M = TypeVar("M", bound=BaseModel)
     response_model=BlobInfo,
     responses={200: {"model": BlobInfo, "description": "The same blob was stored before; nothing changed."}},
     openapi_extra={
-        "requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}
+        "requestBody": {
+            "required": True,
+            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        }
     },
 )
 async def upload_blob(
@@ -100,7 +103,9 @@ async def download_blob(
     if rng:
         headers["Content-Range"] = f"bytes {start}-{end}/{row.size}"
     body = ctx.store.read_range(blob_key(job_id, blob_id), start, end) if row.size else _empty()
-    return StreamingResponse(body, status_code=206 if rng else 200, headers=headers, media_type="application/octet-stream")
+    return StreamingResponse(
+        body, status_code=206 if rng else 200, headers=headers, media_type="application/octet-stream"
+    )
 
 
 async def _empty():
@@ -118,14 +123,18 @@ async def _parse(request: Request, model: type[M]) -> M:
     try:
         return model.model_validate_json(await request.body())
     except ValidationError as exc:
-        raise RequestValidationError([{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors()]) from None
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors()]
+        ) from None
 
 
 def _json(model) -> Response:
     return Response(model.model_dump_json(), media_type="application/json")
 
 
-@router.post("/checkpoints/{checkpoint_id}/acks", response_model=AckResult, openapi_extra=_json_body(SubtaskAck))
+@router.post(
+    "/checkpoints/{checkpoint_id}/acks", response_model=AckResult, openapi_extra=_json_body(SubtaskAck)
+)
 async def ack(job_id: JobId, checkpoint_id: CheckpointId, request: Request) -> Response:
     """A subtask's part of the checkpoint is durable. Answered after the ack is committed; idempotent.
 
@@ -139,7 +148,9 @@ async def ack(job_id: JobId, checkpoint_id: CheckpointId, request: Request) -> R
 
 
 @router.post(
-    "/checkpoints/{checkpoint_id}/acks/batch", response_model=AckBatchResult, openapi_extra=_json_body(AckBatch)
+    "/checkpoints/{checkpoint_id}/acks/batch",
+    response_model=AckBatchResult,
+    openapi_extra=_json_body(AckBatch),
 )
 async def ack_batch(job_id: JobId, checkpoint_id: CheckpointId, request: Request) -> Response:
     """Several subtasks' acks in one request (a Spark task hosting a chain); each item has its own status."""
@@ -150,10 +161,20 @@ async def ack_batch(job_id: JobId, checkpoint_id: CheckpointId, request: Request
     for a, r in zip(body.acks, results, strict=True):
         if isinstance(r, DomainError):
             items.append(
-                AckBatchItem(vertex=a.vertex, subtask_index=a.subtask_index, ok=False, status_code=r.status_code, error=r.message)
+                AckBatchItem(
+                    vertex=a.vertex,
+                    subtask_index=a.subtask_index,
+                    ok=False,
+                    status_code=r.status_code,
+                    error=r.message,
+                )
             )
         else:
-            items.append(AckBatchItem(vertex=a.vertex, subtask_index=a.subtask_index, ok=True, status_code=200, result=r))
+            items.append(
+                AckBatchItem(
+                    vertex=a.vertex, subtask_index=a.subtask_index, ok=True, status_code=200, result=r
+                )
+            )
     return _json(AckBatchResult(items=items))
 
 
@@ -182,7 +203,12 @@ async def event_history(
     "/events",
     dependencies=TASK,
     response_class=EventSourceResponse,
-    responses={200: {"content": {"text/event-stream": {}}, "description": "Server-sent events; resume with Last-Event-ID."}},
+    responses={
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": "Server-sent events; resume with Last-Event-ID.",
+        }
+    },
 )
 async def events(
     job_id: JobId,

@@ -65,7 +65,9 @@ class AckCommitter:
             except asyncio.CancelledError:
                 pass
 
-    async def submit(self, job_id: int, checkpoint_id: int, acks: list[SubtaskAck]) -> list[AckResult | DomainError]:
+    async def submit(
+        self, job_id: int, checkpoint_id: int, acks: list[SubtaskAck]
+    ) -> list[AckResult | DomainError]:
         loop = asyncio.get_running_loop()
         items = [_Item(job_id, checkpoint_id, a, ack_hash(a), loop.create_future()) for a in acks]
         for it in items:
@@ -149,7 +151,10 @@ class AckCommitter:
         cp = (
             await s.execute(
                 select(
-                    CheckpointRow.status, CheckpointRow.attempt, CheckpointRow.failure_reason, CheckpointRow.num_subtasks
+                    CheckpointRow.status,
+                    CheckpointRow.attempt,
+                    CheckpointRow.failure_reason,
+                    CheckpointRow.num_subtasks,
                 ).where(CheckpointRow.job_id == job_id, CheckpointRow.id == cp_id)
             )
         ).one_or_none()
@@ -162,11 +167,16 @@ class AckCommitter:
             return
         status, attempt, failure_reason, num_subtasks = cp
         blob_ids = {
-            ref.blob_id for it in items for ref in (it.ack.operator_state, it.ack.channel_state) if ref is not None
+            ref.blob_id
+            for it in items
+            for ref in (it.ack.operator_state, it.ack.channel_state)
+            if ref is not None
         }
         blobs: dict[str, BlobRow] = {}
         if blob_ids:
-            blobs = {b.id: b for b in (await s.execute(select(BlobRow).where(BlobRow.id.in_(blob_ids)))).scalars()}
+            blobs = {
+                b.id: b for b in (await s.execute(select(BlobRow).where(BlobRow.id.in_(blob_ids)))).scalars()
+            }
         now = now_ms()
         candidates: dict[tuple[str, int], tuple[_Item, dict]] = {}
         repeats: list[_Item] = []  # a second ack for a subtask within this batch
@@ -179,7 +189,9 @@ class AckCommitter:
                     repeats.append(it)
                     continue
                 if a.attempt != attempt:
-                    raise Conflict(f"checkpoint {cp_id} belongs to attempt {attempt}; this ack is from attempt {a.attempt}")
+                    raise Conflict(
+                        f"checkpoint {cp_id} belongs to attempt {attempt}; this ack is from attempt {a.attempt}"
+                    )
                 self._check_blobs(job_id, cp_id, a, blobs)
             except DomainError as exc:
                 it.result = exc
@@ -187,7 +199,9 @@ class AckCommitter:
             candidates[key] = (it, _row(job_id, cp_id, a, it.digest, now))
         inserted: set[tuple[str, int]] = set()
         if candidates and status == PENDING:
-            stmt = self._insert(AckRow).on_conflict_do_nothing().returning(AckRow.vertex, AckRow.subtask_index)
+            stmt = (
+                self._insert(AckRow).on_conflict_do_nothing().returning(AckRow.vertex, AckRow.subtask_index)
+            )
             result = await s.execute(stmt, [row for _, row in candidates.values()])
             inserted = {(r[0], r[1]) for r in result}
         # Whatever was not inserted was acked before (or the checkpoint is over): the same ack again is a
@@ -216,7 +230,9 @@ class AckCommitter:
             if prior is None and status == ABORTED:
                 it.result = Conflict(f"checkpoint {cp_id} was aborted ({failure_reason}); discard its state")
             elif prior is None:
-                it.result = Conflict(f"checkpoint {cp_id} is already {status} without an ack of {key[0]}[{key[1]}]")
+                it.result = Conflict(
+                    f"checkpoint {cp_id} is already {status} without an ack of {key[0]}[{key[1]}]"
+                )
             elif prior != it.digest:
                 it.result = Conflict(
                     f"subtask {key[0]}[{key[1]}] already acknowledged checkpoint {cp_id} "
@@ -257,7 +273,9 @@ class AckCommitter:
         if num_acked is None:
             num_acked = (
                 await s.execute(
-                    select(CheckpointRow.num_acked).where(CheckpointRow.job_id == job_id, CheckpointRow.id == cp_id)
+                    select(CheckpointRow.num_acked).where(
+                        CheckpointRow.job_id == job_id, CheckpointRow.id == cp_id
+                    )
                 )
             ).scalar_one()
         recorded, dup = len(inserted), len(duplicates)
@@ -310,7 +328,6 @@ class AckCommitter:
                 )
 
 
-
 def _row(job_id: int, cp_id: int, a: SubtaskAck, digest: str, now: int) -> dict:
     m = a.metrics
     return {
@@ -327,7 +344,8 @@ def _row(job_id: int, cp_id: int, a: SubtaskAck, digest: str, now: int) -> dict:
         "start_delay": m.start_delay,
         "processed_data": m.processed_data,
         "persisted_data": m.persisted_data,
-        "state_size": (a.operator_state.size if a.operator_state else 0) + (a.channel_state.size if a.channel_state else 0),
+        "state_size": (a.operator_state.size if a.operator_state else 0)
+        + (a.channel_state.size if a.channel_state else 0),
         "unaligned": m.unaligned,
         "operator_blob_id": a.operator_state.blob_id if a.operator_state else None,
         "channel_blob_id": a.channel_state.blob_id if a.channel_state else None,

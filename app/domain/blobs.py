@@ -34,7 +34,9 @@ def blob_info(b: BlobRow) -> BlobInfo:
     )
 
 
-async def _existing(ctx: Context, job_id: int, cp_id: int, vertex: str, index: int, kind: str) -> BlobRow | None:
+async def _existing(
+    ctx: Context, job_id: int, cp_id: int, vertex: str, index: int, kind: str
+) -> BlobRow | None:
     async with ctx.tx(readonly=True) as s:
         return (
             await s.execute(
@@ -68,7 +70,9 @@ async def _precheck(ctx: Context, job_id: int, cp_id: int, attempt: int, vertex:
 
 def _check_open(cp: CheckpointRow, attempt: int) -> None:
     if cp.attempt != attempt:
-        raise Conflict(f"checkpoint {cp.id} belongs to attempt {cp.attempt}; this upload is from attempt {attempt}")
+        raise Conflict(
+            f"checkpoint {cp.id} belongs to attempt {cp.attempt}; this upload is from attempt {attempt}"
+        )
     if cp.status == ABORTED:
         raise Conflict(f"checkpoint {cp.id} was aborted ({cp.failure_reason}); discard its state")
     if cp.status == COMPLETED:
@@ -143,7 +147,9 @@ async def open_blob(ctx: Context, job_id: int, blob_id: str) -> BlobRow:
         await get_job_or_404(s, job_id)
         row = await s.get(BlobRow, blob_id)
     if row is None or row.job_id != job_id or row.status != "stored":
-        raise NotFound(f"job {job_id} has no blob {blob_id}" + (" (it was released)" if row is not None else ""))
+        raise NotFound(
+            f"job {job_id} has no blob {blob_id}" + (" (it was released)" if row is not None else "")
+        )
     if await ctx.store.size(key) is None:
         raise NotFound(f"blob {blob_id} of job {job_id} is recorded but missing from the blob store")
     return row
@@ -170,5 +176,7 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
         raise RangeNotSatisfiable(f"malformed Range {header!r}: use 'bytes=start-end'") from None
     end = min(end, size - 1)
     if start > end or start >= size:
-        raise RangeNotSatisfiable(f"Range {header!r} is outside the blob's {size} bytes", details={"size": size})
+        raise RangeNotSatisfiable(
+            f"Range {header!r} is outside the blob's {size} bytes", details={"size": size}
+        )
     return start, end

@@ -19,7 +19,9 @@ ACTIVE = (JobStatus.running.value, JobStatus.failing.value)
 
 async def pending_ids(s: AsyncSession, job_id: int) -> list[int]:
     rows = await s.execute(
-        select(CheckpointRow.id).where(CheckpointRow.job_id == job_id, CheckpointRow.status == PENDING).order_by(CheckpointRow.id)
+        select(CheckpointRow.id)
+        .where(CheckpointRow.job_id == job_id, CheckpointRow.status == PENDING)
+        .order_by(CheckpointRow.id)
     )
     return list(rows.scalars())
 
@@ -28,7 +30,9 @@ def trigger_refusal(job: JobRow, pending: list[int], now: int, savepoint: bool) 
     """Why checkpoint triggering is refused right now, or None. Savepoints bypass max_concurrent and min_pause."""
     if job.status not in ACTIVE or job.current_attempt is None:
         if job.status == JobStatus.created.value:
-            return f"job {job.id} has no running attempt; start one (POST /api/v1/jobs/{job.id}/attempts) first"
+            return (
+                f"job {job.id} has no running attempt; start one (POST /api/v1/jobs/{job.id}/attempts) first"
+            )
         return f"job {job.id} is {job.status}; checkpoints are taken only while it runs"
     if savepoint:
         return None
@@ -119,7 +123,9 @@ async def release_blobs(s: AsyncSession, job_id: int, checkpoint_ids: list[int])
         (
             await s.execute(
                 select(BlobRow.id).where(
-                    BlobRow.job_id == job_id, BlobRow.checkpoint_id.in_(checkpoint_ids), BlobRow.status == "stored"
+                    BlobRow.job_id == job_id,
+                    BlobRow.checkpoint_id.in_(checkpoint_ids),
+                    BlobRow.status == "stored",
                 )
             )
         ).scalars()
@@ -140,7 +146,12 @@ async def abort_checkpoint(
         s,
         job,
         EventType.checkpoint_aborted,
-        {"checkpoint_id": cp.id, "attempt": cp.attempt, "reason": cp.failure_reason, "is_savepoint": cp.is_savepoint},
+        {
+            "checkpoint_id": cp.id,
+            "attempt": cp.attempt,
+            "reason": cp.failure_reason,
+            "is_savepoint": cp.is_savepoint,
+        },
         now,
     )
     if became_failing:
@@ -148,7 +159,9 @@ async def abort_checkpoint(
     after_commit(s, lambda: CHECKPOINTS.labels("aborted").inc())
 
 
-async def abort_pending(s: AsyncSession, job: JobRow, reason: AbortReason, detail: str, now: int) -> list[int]:
+async def abort_pending(
+    s: AsyncSession, job: JobRow, reason: AbortReason, detail: str, now: int
+) -> list[int]:
     rows = (
         await s.execute(
             select(CheckpointRow)
@@ -273,7 +286,9 @@ def check_parallelism(job_id: int, parallelism: dict[str, int], vertex: str, ind
     if p is None:
         raise NotFound(f"job {job_id} has no vertex {vertex!r}; its vertices are {', '.join(parallelism)}")
     if index >= p:
-        raise NotFound(f"job {job_id} has no subtask {vertex}[{index}]: vertex {vertex!r} has parallelism {p}")
+        raise NotFound(
+            f"job {job_id} has no subtask {vertex}[{index}]: vertex {vertex!r} has parallelism {p}"
+        )
 
 
 def checkpoint_type(cp: CheckpointRow) -> str:

@@ -74,7 +74,9 @@ class Context:
     async def sweep_released_blobs(self, limit: int = 500) -> int:
         async with self.db.session(readonly=True) as s:
             rows = (
-                await s.execute(select(BlobRow.job_id, BlobRow.id).where(BlobRow.status == "deleting").limit(limit))
+                await s.execute(
+                    select(BlobRow.job_id, BlobRow.id).where(BlobRow.status == "deleting").limit(limit)
+                )
             ).all()
         if rows:
             await self.delete_blobs([(r[0], r[1]) for r in rows])

@@ -92,7 +92,9 @@ def validate_config(cfg: CheckpointConfig) -> None:
         raise Invalid(f"checkpoint.retained must be at least 1, got {cfg.retained}")
     if cfg.alignment_timeout is not None:
         if cfg.alignment_timeout < 0:
-            raise Invalid(f"checkpoint.alignment_timeout must not be negative (ms), got {cfg.alignment_timeout}")
+            raise Invalid(
+                f"checkpoint.alignment_timeout must not be negative (ms), got {cfg.alignment_timeout}"
+            )
         if cfg.policy != BarrierPolicy.aligned_then_unaligned:
             raise Invalid(
                 f"checkpoint.alignment_timeout applies only to policy aligned_then_unaligned, not {cfg.policy.value}"

@@ -79,7 +79,11 @@ async def _end_attempt(s: AsyncSession, job: JobRow, now: int) -> None:
     if job.current_attempt is not None:
         await s.execute(
             update(AttemptRow)
-            .where(AttemptRow.job_id == job.id, AttemptRow.number == job.current_attempt, AttemptRow.ended_at.is_(None))
+            .where(
+                AttemptRow.job_id == job.id,
+                AttemptRow.number == job.current_attempt,
+                AttemptRow.ended_at.is_(None),
+            )
             .values(ended_at=now)
         )
 
@@ -92,7 +96,9 @@ async def start_attempt(ctx: Context, s: AsyncSession, job_id: int, restore_from
     candidates = await select_checkpoint(s, job, restore_from)
     plan: RestorePlan = await build_plan(ctx, s, job, candidates, restore_from)
     if job.current_attempt is not None:
-        await abort_pending(s, job, AbortReason.new_attempt, f"attempt {job.current_attempt + 1} started", now)
+        await abort_pending(
+            s, job, AbortReason.new_attempt, f"attempt {job.current_attempt + 1} started", now
+        )
         await _end_attempt(s, job, now)
     number = (job.current_attempt or 0) + 1
     token = "ovt_" + secrets.token_urlsafe(32)
@@ -113,7 +119,11 @@ async def start_attempt(ctx: Context, s: AsyncSession, job_id: int, restore_from
         s,
         job,
         EventType.attempt_started,
-        {"attempt": number, "restored_checkpoint_id": plan.checkpoint_id, "fallbacks": [f.model_dump() for f in plan.fallbacks]},
+        {
+            "attempt": number,
+            "restored_checkpoint_id": plan.checkpoint_id,
+            "fallbacks": [f.model_dump() for f in plan.fallbacks],
+        },
         now,
     )
     return Attempt(job_id=job.id, attempt=number, task_token=token, started_at=now, restore_plan=plan)

@@ -51,7 +51,9 @@ class CheckpointRule:
 class PreventLeavingTerminalState(CheckpointRule):
     def check(self, cp: CheckpointRow, target: str) -> None:
         if cp.status == COMPLETED:
-            raise Conflict(f"checkpoint {cp.id} of job {cp.job_id} is already COMPLETED; it cannot become {target}")
+            raise Conflict(
+                f"checkpoint {cp.id} of job {cp.job_id} is already COMPLETED; it cannot become {target}"
+            )
         if cp.status == ABORTED:
             raise Conflict(
                 f"checkpoint {cp.id} of job {cp.job_id} was aborted ({cp.failure_reason}); it cannot become {target}"

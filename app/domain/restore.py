@@ -66,7 +66,9 @@ async def _verify(ctx: Context, job_id: int, acks: list[AckRow], rows: dict[str,
                 if actual is None:
                     return f"blob {blob_id} of subtask {who} is missing from the blob store"
                 if actual != row.sha256:
-                    return f"blob {blob_id} of subtask {who} is corrupt: sha256 {actual}, expected {row.sha256}"
+                    return (
+                        f"blob {blob_id} of subtask {who} is corrupt: sha256 {actual}, expected {row.sha256}"
+                    )
     return None
 
 
@@ -76,7 +78,9 @@ async def build_plan(
     fallbacks: list[PlanFallback] = []
     for cp in candidates:
         acks = list(
-            (await s.execute(select(AckRow).where(AckRow.job_id == job.id, AckRow.checkpoint_id == cp.id))).scalars()
+            (
+                await s.execute(select(AckRow).where(AckRow.job_id == job.id, AckRow.checkpoint_id == cp.id))
+            ).scalars()
         )
         ids = [b for a in acks for b in (a.operator_blob_id, a.channel_blob_id) if b]
         rows = {}
@@ -97,7 +101,9 @@ def _fresh(job: JobRow) -> list[SubtaskRestore]:
     for v in job.graph["vertices"]:
         for i in range(v["parallelism"]):
             kg = key_group_range(v["max_parallelism"], v["parallelism"], i)
-            out.append(SubtaskRestore(vertex=v["id"], subtask_index=i, key_group_start=kg[0], key_group_end=kg[1]))
+            out.append(
+                SubtaskRestore(vertex=v["id"], subtask_index=i, key_group_start=kg[0], key_group_end=kg[1])
+            )
     return out
 
 
@@ -125,7 +131,9 @@ def _plan(
         p, maxp = v["parallelism"], v["max_parallelism"]
         for i in range(p):
             kg_start, kg_end = key_group_range(maxp, p, i)
-            sub = SubtaskRestore(vertex=v["id"], subtask_index=i, key_group_start=kg_start, key_group_end=kg_end)
+            sub = SubtaskRestore(
+                vertex=v["id"], subtask_index=i, key_group_start=kg_start, key_group_end=kg_end
+            )
             if v.get("keyed") and old_p and old_p != p:
                 owners = [a for a in old if a.key_group_start is not None and a.key_group_end is not None]
                 mine = [a for a in owners if a.key_group_start <= kg_end and a.key_group_end >= kg_start]
@@ -135,7 +143,9 @@ def _plan(
                 sources = mine
             for a in mine:
                 if a.operator_blob_id:
-                    sub.operator_state.append(_state(a, blobs[a.operator_blob_id], kg_start, kg_end, v.get("keyed", False)))
+                    sub.operator_state.append(
+                        _state(a, blobs[a.operator_blob_id], kg_start, kg_end, v.get("keyed", False))
+                    )
             offsets: dict = {}
             for a in sources:
                 sub.output_channel_state += _segments(a, "output")

@@ -76,7 +76,9 @@ async def job_view(s: AsyncSession, job: JobRow) -> Job:
     return job_model(job, (await _counts(s, [job.id]))[job.id])
 
 
-async def list_jobs(s: AsyncSession, status: JobStatus | None, name: str | None, limit: int, offset: int) -> JobPage:
+async def list_jobs(
+    s: AsyncSession, status: JobStatus | None, name: str | None, limit: int, offset: int
+) -> JobPage:
     q = select(JobRow)
     cq = select(func.count()).select_from(JobRow)
     if status is not None:
@@ -103,7 +105,9 @@ def checkpoint_model(cp: CheckpointRow) -> Checkpoint:
         latest_ack_timestamp=cp.latest_ack_ts,
         completed_timestamp=cp.completed_ts if cp.status == COMPLETED else None,
         switched_to_unaligned_timestamp=cp.switched_ts,
-        end_to_end_duration=(cp.completed_ts - cp.trigger_ts) if cp.status == COMPLETED and cp.completed_ts else None,
+        end_to_end_duration=(cp.completed_ts - cp.trigger_ts)
+        if cp.status == COMPLETED and cp.completed_ts
+        else None,
         state_size=cp.state_size,
         persisted_data=cp.persisted_data,
         processed_data=cp.processed_data,
@@ -148,7 +152,9 @@ async def checkpoint_detail(s: AsyncSession, job_id: int, checkpoint_id: int) ->
     blob_ids = [b for a in acks for b in (a.operator_blob_id, a.channel_blob_id) if b]
     blobs = {}
     if blob_ids:
-        blobs = {b.id: b for b in (await s.execute(select(BlobRow).where(BlobRow.id.in_(blob_ids)))).scalars()}
+        blobs = {
+            b.id: b for b in (await s.execute(select(BlobRow).where(BlobRow.id.in_(blob_ids)))).scalars()
+        }
     acked = {(a.vertex, a.subtask_index) for a in acks}
     pending = [
         f"{v['id']}[{i}]"
@@ -185,7 +191,11 @@ async def channel_state_manifest(s: AsyncSession, job_id: int, checkpoint_id: in
     acks = (
         await s.execute(
             select(AckRow)
-            .where(AckRow.job_id == job_id, AckRow.checkpoint_id == checkpoint_id, AckRow.channel_blob_id.is_not(None))
+            .where(
+                AckRow.job_id == job_id,
+                AckRow.checkpoint_id == checkpoint_id,
+                AckRow.channel_blob_id.is_not(None),
+            )
             .order_by(AckRow.vertex, AckRow.subtask_index)
         )
     ).scalars()
@@ -240,7 +250,9 @@ async def statistics(s: AsyncSession, job_id: int, history_size: int = 10) -> Ch
         state_size=summarize([c.state_size for c in completed]),
         persisted_data=summarize([c.persisted_data for c in completed]),
         processed_data=summarize([c.processed_data for c in completed]),
-        alignment_duration=summarize([c.alignment_duration for c in completed if c.alignment_duration is not None]),
+        alignment_duration=summarize(
+            [c.alignment_duration for c in completed if c.alignment_duration is not None]
+        ),
     )
 
     async def latest(*conds) -> Checkpoint | None:

@@ -25,15 +25,21 @@ class Api:
     def ctx(self):
         return self.app.state.ctx
 
-    async def job(self, parallelism: dict[str, int] | None = None, edges=None, start: bool = True, **config) -> dict:
+    async def job(
+        self, parallelism: dict[str, int] | None = None, edges=None, start: bool = True, **config
+    ) -> dict:
         """Register a job (source -> agg by default) and, unless start=False, start attempt 1."""
         parallelism = parallelism or {"src": 2, "agg": 2}
         names = list(parallelism)
         vertices = [
-            {"id": n, "parallelism": p, "max_parallelism": 16, "keyed": i > 0} for i, (n, p) in enumerate(parallelism.items())
+            {"id": n, "parallelism": p, "max_parallelism": 16, "keyed": i > 0}
+            for i, (n, p) in enumerate(parallelism.items())
         ]
         if edges is None:
-            edges = [{"source": a, "target": b, "partitioning": "hash"} for a, b in zip(names, names[1:])]
+            edges = [
+                {"source": a, "target": b, "partitioning": "hash"}
+                for a, b in zip(names, names[1:], strict=False)
+            ]
         body = {"name": "job", "graph": {"vertices": vertices, "edges": edges}, "checkpoint": config}
         r = await self.client.post("/api/v1/jobs", json=body)
         assert r.status_code == 201, r.text
@@ -47,7 +53,9 @@ class Api:
     async def trigger(self, job_id: int, **body) -> httpx.Response:
         return await self.client.post(f"/api/v1/jobs/{job_id}/checkpoints", json=body)
 
-    async def upload(self, job_id: int, cp: int, vertex: str, index: int, data: bytes, kind="channel", attempt=1):
+    async def upload(
+        self, job_id: int, cp: int, vertex: str, index: int, data: bytes, kind="channel", attempt=1
+    ):
         return await self.client.post(
             f"/api/v1/jobs/{job_id}/checkpoints/{cp}/blobs",
             params={"attempt": attempt, "vertex": vertex, "subtask_index": index, "kind": kind},
@@ -55,11 +63,15 @@ class Api:
             headers={"X-Overtake-Sha256": hashlib.sha256(data).hexdigest()},
         )
 
-    async def ack(self, job_id: int, cp: int, vertex: str, index: int, attempt: int = 1, **extra) -> httpx.Response:
+    async def ack(
+        self, job_id: int, cp: int, vertex: str, index: int, attempt: int = 1, **extra
+    ) -> httpx.Response:
         body = {"attempt": attempt, "vertex": vertex, "subtask_index": index, **extra}
         return await self.client.post(f"/api/v1/jobs/{job_id}/checkpoints/{cp}/acks", json=body)
 
-    async def ack_all(self, job: dict, cp: int, attempt: int = 1, skip: set | None = None) -> list[httpx.Response]:
+    async def ack_all(
+        self, job: dict, cp: int, attempt: int = 1, skip: set | None = None
+    ) -> list[httpx.Response]:
         out = []
         for v in job["graph"]["vertices"]:
             for i in range(v["parallelism"]):
@@ -92,7 +104,12 @@ class Api:
 
 def _settings(tmp_path, database_url: str | None, **extra) -> Settings:
     return Settings(
-        data_dir=tmp_path / "data", database_url=database_url, scheduler_tick=0.02, log_json=False, log_level="WARNING", **extra
+        data_dir=tmp_path / "data",
+        database_url=database_url,
+        scheduler_tick=0.02,
+        log_json=False,
+        log_level="WARNING",
+        **extra,
     )
 
 
@@ -100,7 +117,9 @@ async def _serve(settings: Settings, backend: str):
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://coordinator", timeout=30) as client:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://coordinator", timeout=30
+        ) as client:
             yield Api(client, app, backend)
 
 

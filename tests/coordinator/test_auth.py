@@ -22,14 +22,20 @@ async def test_admin_token_guards_management_and_task_tokens_are_scoped_to_their
         assert (await c.post("/api/v1/jobs", json=body, headers=bearer("wrong"))).status_code == 401
         j1 = (await c.post("/api/v1/jobs", json=body, headers=bearer(ADMIN))).json()
         j2 = (await c.post("/api/v1/jobs", json=body, headers=bearer(ADMIN))).json()
-        t1 = (await c.post(f"/api/v1/jobs/{j1['id']}/attempts", json={}, headers=bearer(ADMIN))).json()["task_token"]
-        t2 = (await c.post(f"/api/v1/jobs/{j2['id']}/attempts", json={}, headers=bearer(ADMIN))).json()["task_token"]
+        t1 = (await c.post(f"/api/v1/jobs/{j1['id']}/attempts", json={}, headers=bearer(ADMIN))).json()[
+            "task_token"
+        ]
+        t2 = (await c.post(f"/api/v1/jobs/{j2['id']}/attempts", json={}, headers=bearer(ADMIN))).json()[
+            "task_token"
+        ]
 
         # task routes take the job's own task token
         r = await c.post(f"/api/v1/jobs/{j1['id']}/checkpoints", json={}, headers=bearer(t1))
         assert r.status_code == 201
         ack = {"attempt": 1, "vertex": "a", "subtask_index": 0}
-        assert (await c.post(f"/api/v1/jobs/{j1['id']}/checkpoints/1/acks", json=ack, headers=bearer(t1))).status_code == 200
+        assert (
+            await c.post(f"/api/v1/jobs/{j1['id']}/checkpoints/1/acks", json=ack, headers=bearer(t1))
+        ).status_code == 200
         # ... and not another job's
         r = await c.post(f"/api/v1/jobs/{j2['id']}/checkpoints", json={}, headers=bearer(t1))
         assert r.status_code == 403 and f"job {j1['id']}" in r.json()["error"]["message"]

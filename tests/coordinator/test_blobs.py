@@ -160,7 +160,14 @@ async def test_an_ack_must_reference_its_own_verified_blob(api):
     assert r.status_code == 422 and "the ack says" in r.json()["error"]["message"]
     r = await api.ack(job["id"], 1, "agg", 0, channel_state={**ref, "blob_id": "f" * 32})
     assert r.status_code == 422 and "upload it" in r.json()["error"]["message"]
-    seg = {"channel": "in:src[0]", "direction": "input", "offset": 2, "length": 10, "buffer_count": 1, "record_count": 1}
+    seg = {
+        "channel": "in:src[0]",
+        "direction": "input",
+        "offset": 2,
+        "length": 10,
+        "buffer_count": 1,
+        "record_count": 1,
+    }
     r = await api.ack(job["id"], 1, "agg", 0, channel_state=ref, channel_segments=[seg])
     assert r.status_code == 422 and "past the channel-state blob" in r.json()["error"]["message"]
     r = await api.ack(job["id"], 1, "agg", 0, operator_state=ref)
@@ -176,11 +183,27 @@ async def test_channel_state_manifest_lists_each_subtasks_segments(api):
     data = b"A" * 30 + b"B" * 20
     info = (await api.upload(job["id"], 1, "agg", 1, data)).json()
     segs = [
-        {"channel": "in:src[0]->agg[1]", "direction": "input", "offset": 0, "length": 30, "buffer_count": 3, "record_count": 30},
-        {"channel": "in:src[1]->agg[1]", "direction": "input", "offset": 30, "length": 20, "buffer_count": 2, "record_count": 20},
+        {
+            "channel": "in:src[0]->agg[1]",
+            "direction": "input",
+            "offset": 0,
+            "length": 30,
+            "buffer_count": 3,
+            "record_count": 30,
+        },
+        {
+            "channel": "in:src[1]->agg[1]",
+            "direction": "input",
+            "offset": 30,
+            "length": 20,
+            "buffer_count": 2,
+            "record_count": 20,
+        },
     ]
     ref = {"blob_id": info["blob_id"], "sha256": info["sha256"], "size": info["size"]}
-    assert (await api.ack(job["id"], 1, "agg", 1, channel_state=ref, channel_segments=segs)).status_code == 200
+    assert (
+        await api.ack(job["id"], 1, "agg", 1, channel_state=ref, channel_segments=segs)
+    ).status_code == 200
     m = (await api.client.get(f"/api/v1/jobs/{job['id']}/checkpoints/1/channel-state")).json()
     assert len(m["entries"]) == 1
     entry = m["entries"][0]

@@ -18,7 +18,11 @@ def job_body(vertices=None, edges=None, **checkpoint):
 async def test_register_job_returns_it_with_its_graph_and_config(api):
     r = await api.client.post(
         "/api/v1/jobs",
-        json=job_body(edges=[{"source": "a", "target": "b", "partitioning": "forward"}], interval=1000, policy="unaligned"),
+        json=job_body(
+            edges=[{"source": "a", "target": "b", "partitioning": "forward"}],
+            interval=1000,
+            policy="unaligned",
+        ),
     )
     assert r.status_code == 201
     job = r.json()
@@ -34,12 +38,20 @@ async def test_register_job_returns_it_with_its_graph_and_config(api):
     [
         (job_body(edges=[{"source": "a", "target": "zzz"}]), "unknown vertex 'zzz'"),
         (
-            job_body(edges=[{"source": "a", "target": "b", "partitioning": "hash"}, {"source": "b", "target": "a", "partitioning": "hash"}]),
+            job_body(
+                edges=[
+                    {"source": "a", "target": "b", "partitioning": "hash"},
+                    {"source": "b", "target": "a", "partitioning": "hash"},
+                ]
+            ),
             "cycle",
         ),
         (job_body(vertices=[{"id": "a", "parallelism": 0}]), "parallelism 0"),
         (
-            job_body(vertices=[V, {"id": "b", "parallelism": 3}], edges=[{"source": "a", "target": "b", "partitioning": "forward"}]),
+            job_body(
+                vertices=[V, {"id": "b", "parallelism": 3}],
+                edges=[{"source": "a", "target": "b", "partitioning": "forward"}],
+            ),
             "forward needs equal parallelism",
         ),
         (job_body(vertices=[{"id": "a", "parallelism": 8, "max_parallelism": 4}]), "max_parallelism 4 below"),
@@ -50,7 +62,10 @@ async def test_register_job_returns_it_with_its_graph_and_config(api):
         (job_body(retained=0), "retained must be at least 1"),
         (job_body(min_pause=-1), "min_pause must not be negative"),
         (job_body(policy="aligned", alignment_timeout=100), "applies only to policy aligned_then_unaligned"),
-        (job_body(policy="aligned_then_unaligned", alignment_timeout=5000, timeout=1000), "must be below checkpoint.timeout"),
+        (
+            job_body(policy="aligned_then_unaligned", alignment_timeout=5000, timeout=1000),
+            "must be below checkpoint.timeout",
+        ),
         (job_body(vertices=[V, V]), "appears twice"),
         (job_body(policy="sometimes"), "checkpoint.policy"),
         ({**job_body(), "name": "bad name/../x"}, "job name"),
@@ -68,7 +83,9 @@ async def test_invalid_job_is_refused_with_422_naming_the_problem_and_nothing_is
 
 
 async def test_malformed_json_is_a_422_not_a_500(api):
-    r = await api.client.post("/api/v1/jobs", content=b"{not json", headers={"content-type": "application/json"})
+    r = await api.client.post(
+        "/api/v1/jobs", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert r.status_code == 422
     assert r.json()["error"]["code"] == "invalid"
 
@@ -124,7 +141,9 @@ async def test_cancel_aborts_pending_checkpoints_and_refuses_new_triggers(api):
 
 async def test_finish_marks_the_job_failed_with_its_message(api):
     job = await api.job()
-    r = await api.client.post(f"/api/v1/jobs/{job['id']}/finish", json={"status": "FAILED", "message": "boom"})
+    r = await api.client.post(
+        f"/api/v1/jobs/{job['id']}/finish", json={"status": "FAILED", "message": "boom"}
+    )
     assert r.status_code == 200
     assert r.json()["status"] == "FAILED" and r.json()["status_message"] == "boom"
 

@@ -170,7 +170,11 @@ async def test_retention_deletes_blobs_of_old_checkpoints_but_never_savepoints_o
             for i in range(2):
                 extra = {}
                 if (v, i) == ("agg", 0):
-                    extra["operator_state"] = {"blob_id": up["blob_id"], "sha256": up["sha256"], "size": up["size"]}
+                    extra["operator_state"] = {
+                        "blob_id": up["blob_id"],
+                        "sha256": up["sha256"],
+                        "size": up["size"],
+                    }
                 r = await api.ack(job["id"], cp["id"], v, i, **extra)
                 assert r.status_code == 200, r.text
 

@@ -34,7 +34,9 @@ def replicas(tmp_path, pg_url, redis_url):
 def _job(url: str, parallelism: int, **checkpoint) -> dict:
     body = {
         "name": "replicated",
-        "graph": {"vertices": [{"id": "src", "parallelism": parallelism, "max_parallelism": max(128, parallelism)}]},
+        "graph": {
+            "vertices": [{"id": "src", "parallelism": parallelism, "max_parallelism": max(128, parallelism)}]
+        },
         "checkpoint": checkpoint,
     }
     job = httpx.post(f"{url}/api/v1/jobs", json=body).raise_for_status().json()
@@ -62,7 +64,9 @@ def test_concurrent_and_duplicated_acks_on_two_replicas_complete_the_checkpoint_
     cp = httpx.post(f"{a.url}/api/v1/jobs/{job['id']}/checkpoints", json={}).json()["id"]
     rng = random.Random(7)
     sends = [(rng.choice([a.url, b.url]), i) for i in range(n)]
-    sends += [(rng.choice([a.url, b.url]), i) for i in rng.sample(range(n), 60)]  # duplicates, maybe on the other replica
+    sends += [
+        (rng.choice([a.url, b.url]), i) for i in rng.sample(range(n), 60)
+    ]  # duplicates, maybe on the other replica
     rng.shuffle(sends)
 
     def ack(item):
@@ -96,7 +100,7 @@ def test_each_periodic_trigger_fires_once_across_replicas(replicas):
     assert len(triggered) >= 8
     stamps = [e["data"]["trigger_timestamp"] for e in triggered]
     # Two replicas firing the same period would leave two triggers closer than the interval.
-    gaps = [y - x for x, y in zip(stamps, stamps[1:])]
+    gaps = [y - x for x, y in zip(stamps, stamps[1:], strict=False)]
     assert min(gaps) >= interval, gaps
     assert [e["data"]["checkpoint_id"] for e in triggered] == list(range(1, len(triggered) + 1))
 
@@ -108,7 +112,9 @@ def test_events_published_on_one_replica_reach_a_stream_on_the_other(replicas):
     ready = threading.Event()
 
     def listen():
-        with httpx.stream("GET", f"{b.url}/api/v1/jobs/{job['id']}/events", params={"after": 1}, timeout=30) as r:
+        with httpx.stream(
+            "GET", f"{b.url}/api/v1/jobs/{job['id']}/events", params={"after": 1}, timeout=30
+        ) as r:
             ready.set()
             for line in r.iter_lines():
                 if line.startswith("data:"):

@@ -25,8 +25,22 @@ async def _complete_with_state(api, job, tag: str, savepoint=False) -> tuple[int
                 extra["operator_state"] = {k: op[k] for k in ("blob_id", "sha256", "size")}
                 extra["channel_state"] = {k: ch[k] for k in ("blob_id", "sha256", "size")}
                 extra["channel_segments"] = [
-                    {"channel": f"in:src[1]->agg[{i}]", "direction": "input", "offset": n_out, "length": len(ch_data) - n_out, "buffer_count": 1, "record_count": 1},
-                    {"channel": f"out:agg[{i}]->sink", "direction": "output", "offset": 0, "length": n_out, "buffer_count": 1, "record_count": 1},
+                    {
+                        "channel": f"in:src[1]->agg[{i}]",
+                        "direction": "input",
+                        "offset": n_out,
+                        "length": len(ch_data) - n_out,
+                        "buffer_count": 1,
+                        "record_count": 1,
+                    },
+                    {
+                        "channel": f"out:agg[{i}]->sink",
+                        "direction": "output",
+                        "offset": 0,
+                        "length": n_out,
+                        "buffer_count": 1,
+                        "record_count": 1,
+                    },
                 ]
                 extra["key_group_start"], extra["key_group_end"] = (0, 7) if i == 0 else (8, 15)
                 blobs[i] = (op, ch)

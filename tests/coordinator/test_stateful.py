@@ -37,7 +37,11 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         self.dir = Path(tempfile.mkdtemp(prefix="overtake-stateful-"))
         self.settings = Settings(
-            data_dir=self.dir, scheduler_enabled=False, log_json=False, log_level="ERROR", verify_blobs_on_restore=True
+            data_dir=self.dir,
+            scheduler_enabled=False,
+            log_json=False,
+            log_level="ERROR",
+            verify_blobs_on_restore=True,
         )
         self._open()
         body = {
@@ -46,7 +50,12 @@ class CoordinatorMachine(RuleBasedStateMachine):
                 "vertices": [{"id": "src", "parallelism": 2}, {"id": "agg", "parallelism": 1, "keyed": True}],
                 "edges": [{"source": "src", "target": "agg", "partitioning": "hash"}],
             },
-            "checkpoint": {"max_concurrent": MAX_CONCURRENT, "retained": 2, "tolerable_failures": 1000, "policy": "unaligned"},
+            "checkpoint": {
+                "max_concurrent": MAX_CONCURRENT,
+                "retained": 2,
+                "tolerable_failures": 1000,
+                "policy": "unaligned",
+            },
         }
         self.job = self.call("post", "/api/v1/jobs", json=body).json()["id"]
         self.attempt = self.call("post", f"/api/v1/jobs/{self.job}/attempts", json={}).json()["attempt"]
@@ -78,7 +87,9 @@ class CoordinatorMachine(RuleBasedStateMachine):
         return [i for i, s in self.status.items() if s == "PENDING"]
 
     def refresh(self) -> dict[int, dict]:
-        page = self.call("get", f"/api/v1/jobs/{self.job}/checkpoints", params={"limit": 1000}).json()["items"]
+        page = self.call("get", f"/api/v1/jobs/{self.job}/checkpoints", params={"limit": 1000}).json()[
+            "items"
+        ]
         out = {c["id"]: c for c in page}
         for i, c in out.items():
             before = self.status.get(i)
@@ -105,7 +116,12 @@ class CoordinatorMachine(RuleBasedStateMachine):
     def ack(self, data, with_state: bool) -> None:
         cp = data.draw(st.sampled_from(sorted(self.status)))
         vertex, index = data.draw(st.sampled_from(SUBTASKS))
-        body = {"attempt": self.attempt, "vertex": vertex, "subtask_index": index, "metrics": {"sync_duration": 1}}
+        body = {
+            "attempt": self.attempt,
+            "vertex": vertex,
+            "subtask_index": index,
+            "metrics": {"sync_duration": 1},
+        }
         if with_state and (vertex, index) == ("agg", 0) and self.status[cp] == "PENDING":
             payload = f"state {cp}".encode()
             up = self.call(
@@ -202,7 +218,13 @@ class CoordinatorMachine(RuleBasedStateMachine):
                     )
                 )
             ).all()
-            n = (await s.execute(select(func.count()).select_from(AckRow).where(AckRow.checkpoint_id == cp_id, AckRow.job_id == self.job))).scalar_one()
+            n = (
+                await s.execute(
+                    select(func.count())
+                    .select_from(AckRow)
+                    .where(AckRow.checkpoint_id == cp_id, AckRow.job_id == self.job)
+                )
+            ).scalar_one()
         assert n == len(rows)
         return {tuple(r) for r in rows}
 

@@ -1,0 +1,126 @@
+"""Flink-style checkpoint statistics, health/readiness/metrics, offline Swagger UI, and the fsspec blob store."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from app.blobstore import FsspecBlobStore, blob_key
+
+
+async def test_statistics_summarize_completed_checkpoints_with_flinks_fields(api):
+    job = await api.job(tolerable_failures=10, max_concurrent=1)
+    sizes = []
+    for n in range(1, 6):
+        await api.trigger(job["id"], policy="unaligned" if n % 2 else "aligned")
+        for v, i in (("src", 0), ("src", 1), ("agg", 0), ("agg", 1)):
+            metrics = {
+                "persisted_data": n * 10 if v == "agg" else 0,
+                "processed_data": 100,
+                "alignment_duration": n,
+                "unaligned": bool(n % 2) and v == "agg",
+                "sync_duration": 2,
+                "async_duration": 5,
+                "start_delay": 1,
+            }
+            assert (await api.ack(job["id"], n, v, i, metrics=metrics)).status_code == 200
+        sizes.append(n * 20)
+    await api.trigger(job["id"])
+    await api.client.post(
+        f"/api/v1/jobs/{job['id']}/checkpoints/6/declines",
+        json={"attempt": 1, "vertex": "src", "subtask_index": 0, "reason": "x"},
+    )
+    await api.client.post(f"/api/v1/jobs/{job['id']}/savepoints", json={})
+    stats = (await api.client.get(f"/api/v1/jobs/{job['id']}/checkpoints/stats")).json()
+    assert stats["counts"] == {"total": 7, "in_progress": 1, "completed": 5, "failed": 1, "savepoints": 1}
+    s = stats["summary"]
+    assert s["persisted_data"]["min"] == 20 and s["persisted_data"]["max"] == 100
+    assert s["persisted_data"]["avg"] == sum(sizes) / 5 and s["persisted_data"]["p50"] == 60
+    assert s["processed_data"]["p99"] == 400
+    assert s["alignment_duration"]["max"] == 5
+    assert s["end_to_end_duration"]["min"] >= 0
+    assert stats["latest"]["completed"]["id"] == 5 and stats["latest"]["failed"]["id"] == 6
+    assert stats["latest"]["savepoint"] is None  # pending savepoints are not "latest completed"
+    assert [c["checkpoint_type"] for c in stats["history"]][:3] == ["savepoint", "aligned", "unaligned"]
+    detail = await api.checkpoint(job["id"], 5)
+    sub = {(x["vertex"], x["subtask_index"]): x for x in detail["subtasks"]}
+    assert sub[("agg", 1)]["unaligned"] is True and sub[("src", 0)]["unaligned"] is False
+    assert sub[("agg", 1)]["persisted_data"] == 50 and sub[("agg", 1)]["sync_duration"] == 2
+    assert detail["checkpoint_type"] == "unaligned" and detail["end_to_end_duration"] >= 0
+
+
+async def test_history_is_paged_newest_first(api):
+    job = await api.job(max_concurrent=100)
+    for _ in range(7):
+        await api.trigger(job["id"])
+    page = (
+        await api.client.get(f"/api/v1/jobs/{job['id']}/checkpoints", params={"limit": 3, "offset": 2})
+    ).json()
+    assert page["total"] == 7 and [c["id"] for c in page["items"]] == [5, 4, 3]
+    bad = await api.client.get(f"/api/v1/jobs/{job['id']}/checkpoints", params={"limit": 0})
+    assert bad.status_code == 422 and "limit" in bad.json()["error"]["message"]
+
+
+async def test_health_readiness_and_metrics(sqlite_api):
+    api = sqlite_api
+    assert (await api.client.get("/healthz")).json() == {"status": "ok", "checks": {}}
+    ready = (await api.client.get("/readyz")).json()
+    assert ready["status"] == "ok" and set(ready["checks"]) == {"database", "event_bus", "blob_store"}
+    job = await api.job()
+    await api.trigger(job["id"])
+    await api.ack_all(job, 1)
+    metrics = (await api.client.get("/metrics")).text
+    assert 'overtake_checkpoints_total{outcome="completed"}' in metrics
+    assert "overtake_checkpoint_duration_seconds_bucket" in metrics
+    assert 'overtake_acks_total{result="recorded"}' in metrics
+
+
+async def test_readiness_reports_an_unreachable_database(sqlite_api):
+    api = sqlite_api
+    await api.ctx.db.dispose()  # drop pooled connections; new ones can no longer be made
+    api.ctx.db.engine.sync_engine.pool._creator = _fail
+    r = await api.client.get("/readyz")
+    assert r.status_code == 503 and r.json()["checks"]["database"].startswith("unavailable")
+
+
+def _fail(*_a, **_k):
+    raise OSError("database unreachable (test)")
+
+
+async def test_swagger_ui_is_served_without_a_cdn(sqlite_api):
+    html = (await sqlite_api.client.get("/docs")).text
+    assert "swagger-ui-bundle.js" in html and "cdn" not in html.lower()
+    js = await sqlite_api.client.get("/static-offline-docs/swagger-ui-bundle.js")
+    assert js.status_code == 200 and len(js.content) > 100_000
+
+
+async def test_unknown_routes_get_the_json_error_shape(sqlite_api):
+    r = await sqlite_api.client.get("/api/v1/nope")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+@pytest.fixture
+def memory_store(tmp_path):
+    store = FsspecBlobStore(f"memory://overtake-test-{tmp_path.name}", staging_dir=tmp_path / "staging")
+    yield store
+    store.fs.rm(store.root, recursive=True)
+
+
+async def test_fsspec_store_stages_verifies_and_serves_ranges(memory_store):
+    data = b"0123456789" * 1000
+
+    async def body():
+        for i in range(0, len(data), 999):
+            yield data[i : i + 999]
+
+    staged = await memory_store.stage(body(), hashlib.sha256(data).hexdigest(), 1 << 20)
+    key = blob_key(1, "ab" * 16)
+    await memory_store.commit(staged, key)
+    assert not staged.path.exists()
+    assert await memory_store.size(key) == len(data)
+    assert await memory_store.sha256(key) == hashlib.sha256(data).hexdigest()
+    part = b"".join([c async for c in memory_store.read_range(key, 10, 19)])
+    assert part == data[10:20]
+    await memory_store.delete(key)
+    assert await memory_store.size(key) is None
