@@ -32,6 +32,9 @@ class RecordWriter:
         self.builders = [BufferBuilder(buffer_size) for _ in channels]
         self.mailbox = mailbox
         self.bytes_out = 0
+        self.partitioning = partitioning
+        self.key_fn = key_fn
+        self.max_parallelism = max_parallelism
         n = len(channels)
         builders = self.builders
         flush = self._flush
@@ -70,6 +73,12 @@ class RecordWriter:
         else:
             raise ValueError(f"unknown partitioning {partitioning!r}")
         self.emit: Callable[[Any], None] = emit
+
+    def channel_of(self, record: Any) -> int | None:
+        """The channel (position in this edge) a hash edge sends ``record`` to; None for other partitionings."""
+        if self.partitioning != "hash" or self.key_fn is None:
+            return None
+        return key_group(self.key_fn(record), self.max_parallelism) * len(self.channels) // self.max_parallelism
 
     def _flush(self, i: int) -> None:
         b = self.builders[i]

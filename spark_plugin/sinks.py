@@ -8,6 +8,9 @@ from typing import Any
 class Sink:
     """A sink subtask's writer. ``snapshot`` returns what must survive a restore; commit on completion.
 
+    ``restore`` may be called once per slice of state: after a rescale a subtask gets the state of every old
+    subtask that maps to it, so a sink merges what it is given.
+
     A sink that makes its output visible only when a checkpoint completes sets ``commits_on_checkpoints``:
     the sources of its pipeline then end with a final checkpoint, so a bounded run commits all its output.
     """
@@ -54,7 +57,7 @@ class CollectSink(Sink):
         return {"records": list(self.records)}
 
     def restore(self, state: Any) -> None:
-        self.records = list(state["records"])
+        self.records.extend(state["records"])  # after a rescale, several old subtasks' slices
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         self.completed.append(checkpoint_id)
@@ -76,7 +79,7 @@ class DiscardSink(Sink):
         return {"count": self.count}
 
     def restore(self, state: Any) -> None:
-        self.count = int(state["count"])
+        self.count += int(state["count"])
 
     def close(self) -> Any:
         return {"count": self.count}

@@ -100,9 +100,9 @@ class Subtask(CheckpointActions, CoordinatorEventHandling):
         self.outputs: list[OutputChannel] = []
         self.writers: list[RecordWriter] = []
         self.output_by_key: dict[str, OutputChannel] = {}
-        for out, key_fn in zip(spec.outputs, edge_keys, strict=False):
+        for out, key_fn in zip(spec.outputs, edge_keys, strict=True):
             chans = []
-            for info, key in zip(out.channels, out.keys, strict=False):
+            for info, key in zip(out.channels, out.keys, strict=True):
                 ch = OutputChannel(
                     len(self.outputs), info, self.network.max_buffers_per_output_channel, self.mailbox,
                     self._on_barrier_sent,
@@ -138,6 +138,7 @@ class Subtask(CheckpointActions, CoordinatorEventHandling):
         self._next_flush = time.monotonic() + self.network.flush_interval
         self._source_wait: float | None = None
         self._event_thread: threading.Thread | None = None
+        self.restore_stats: Any = None
         self.keyed_range = (
             key_group_range(spec.subtask_index, spec.max_parallelism, spec.parallelism)
             if any(op.keyed for op in operators)

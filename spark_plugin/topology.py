@@ -70,7 +70,7 @@ def task_specs(plan: JobPlan) -> list[TaskSpec]:
             down = plan.vertex(e.target)
             keys = [channel_key(v.id, i, down.id, j) for j in _peers(e.partitioning, i, down.parallelism)]
             peers = _peers(e.partitioning, i, down.parallelism)
-            infos = [ChannelInfo(f"out:{k}", "output", down.id, j, e.partitioning) for k, j in zip(keys, peers, strict=False)]
+            infos = [ChannelInfo(f"out:{k}", "output", down.id, j, e.partitioning) for k, j in zip(keys, peers, strict=True)]
             outputs.append(OutputEdgeSpec(e, down.parallelism, down.max_parallelism, infos, keys))
         specs.append(TaskSpec(t, v.id, i, v.parallelism, v.max_parallelism, inputs, outputs))
     return specs

@@ -68,9 +68,9 @@ class PostgresSink(Sink):
         if self.buffer:
             self.pending.append((checkpoint_id, self.buffer))
             self.buffer = []
-        return {"pending": list(self.pending)}
+        return {"subtask": self.subtask_index, "pending": list(self.pending)}
 
-    def _commit(self, checkpoint_id: int, rows: list[tuple]) -> None:
+    def _commit(self, checkpoint_id: int, rows: list[tuple], subtask: int | None = None) -> None:
         assert self._conn is not None
         cols = ", ".join(_ident(c) for c in self.columns)
         marks = ", ".join(["%s"] * len(self.columns))
@@ -78,7 +78,7 @@ class PostgresSink(Sink):
             cur = self._conn.execute(
                 f"INSERT INTO {MARKERS} (sink, subtask, checkpoint_id) VALUES (%s, %s, %s) "
                 "ON CONFLICT DO NOTHING RETURNING checkpoint_id",
-                (self.name, self.subtask_index, checkpoint_id),
+                (self.name, self.subtask_index if subtask is None else subtask, checkpoint_id),
             )
             if cur.fetchone() is None:
                 return  # committed before (by the attempt that failed after committing)
@@ -96,8 +96,8 @@ class PostgresSink(Sink):
         self.pending = keep
 
     def restore(self, state: Any) -> None:
-        for cid, rows in state["pending"]:
-            self._commit(cid, [tuple(r) for r in rows])  # part of a completed checkpoint
+        for cid, rows in state["pending"]:  # part of a completed checkpoint, written by subtask state["subtask"]
+            self._commit(cid, [tuple(r) for r in rows], state.get("subtask"))
         self.pending = []
 
     def close(self) -> Any:
