@@ -261,6 +261,9 @@ class Checkpoint(_Model):
     failure_reason: str | None
     discarded: bool = Field(description="Its blobs were collected under the retention policy.")
     stop_job: bool = False
+    details: dict[str, Any] | None = Field(
+        default=None, description="For checkpoints reported by an engine: its own figures and source offsets."
+    )
 
 
 class CheckpointPage(_Model):
@@ -336,6 +339,32 @@ class Decline(_Model):
     vertex: str
     subtask_index: int = Field(ge=0)
     reason: str = Field(max_length=2000)
+
+
+class ExternalCheckpoint(_Model):
+    """A checkpoint that an engine took on its own and reports once complete (a Structured Streaming micro-batch).
+
+    Its id is the engine's (the batch id): ids must grow, and a restarted query continues them.
+    """
+
+    id: int = Field(ge=0, description="The engine's checkpoint id, e.g. the micro-batch id.")
+    attempt: int | None = Field(default=None, description="The attempt that took it; default: the current one.")
+    trigger_timestamp: int = Field(ge=0, description="When it started (ms since the epoch).")
+    completed_timestamp: int = Field(ge=0, description="When it was durable (ms since the epoch).")
+    state_size: int = Field(default=0, ge=0)
+    processed_data: int = Field(default=0, ge=0, description="Input processed, bytes or rows as the engine counts.")
+    persisted_data: int = Field(default=0, ge=0)
+    alignment_duration: int | None = Field(default=None, ge=0)
+    source_offsets: dict[str, Any] | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict, description="Engine-specific figures, kept as they are.")
+
+    @model_validator(mode="after")
+    def _order(self) -> ExternalCheckpoint:
+        if self.completed_timestamp < self.trigger_timestamp:
+            raise ValueError(
+                f"completed_timestamp {self.completed_timestamp} is before trigger_timestamp {self.trigger_timestamp}"
+            )
+        return self
 
 
 class SubtaskStats(_Model):

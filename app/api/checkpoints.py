@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 
 from app.api.deps import TASK, CheckpointId, CtxDep, JobId
 from app.domain import views
 from app.domain.checkpoints import trigger
 from app.domain.context import get_job_or_404, now_ms
+from app.domain.external import record_external
 from app.domain.restore import build_plan, select_checkpoint
 from client.models import (
     ChannelStateManifest,
@@ -18,6 +19,7 @@ from client.models import (
     CheckpointPage,
     CheckpointStatistics,
     CheckpointStatus,
+    ExternalCheckpoint,
     RestorePlan,
     SavepointRequest,
     TriggerRequest,
@@ -43,6 +45,22 @@ async def trigger_savepoint(job_id: JobId, ctx: CtxDep, body: SavepointRequest |
     async with ctx.tx() as s:
         job = await get_job_or_404(s, job_id, lock=True)
         cp = await trigger(s, job, now_ms(), savepoint=True, stop=body.stop)
+        return views.checkpoint_model(cp)
+
+
+@router.post(
+    "/checkpoints/external",
+    status_code=201,
+    dependencies=TASK,
+    response_model=Checkpoint,
+    responses={200: {"model": Checkpoint, "description": "The same report was recorded before; nothing changed."}},
+)
+async def report_checkpoint(job_id: JobId, body: ExternalCheckpoint, ctx: CtxDep, response: Response) -> Checkpoint:
+    """Record a checkpoint the engine completed on its own (a Structured Streaming micro-batch, keyed by batch id)."""
+    async with ctx.tx() as s:
+        job = await get_job_or_404(s, job_id, lock=True)
+        cp, created = await record_external(s, job, body)
+        response.status_code = 201 if created else 200
         return views.checkpoint_model(cp)
 
 

@@ -34,6 +34,6 @@ async def job_access(request: Request, job_id: Annotated[int, Path(ge=1)]) -> No
 CtxDep = Annotated[Context, Depends(get_ctx)]
 CommitterDep = Annotated[AckCommitter, Depends(get_committer)]
 JobId = Annotated[int, Path(ge=1, description="Job id")]
-CheckpointId = Annotated[int, Path(ge=1, description="Checkpoint id")]
+CheckpointId = Annotated[int, Path(ge=0, description="Checkpoint id")]
 ADMIN = [Depends(admin_only)]
 TASK = [Depends(job_access)]

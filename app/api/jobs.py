@@ -27,11 +27,13 @@ async def list_jobs(
     ctx: CtxDep,
     status: JobStatus | None = None,
     name: str | None = None,
+    label: Annotated[str | None, Query(pattern=r"^[^=]+=.*$", description="key=value")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> JobPage:
+    """Jobs, newest first, filtered by status, name or a label (`key=value`)."""
     async with ctx.tx(readonly=True) as s:
-        return await views.list_jobs(s, status, name, limit, offset)
+        return await views.list_jobs(s, status, name, limit, offset, label)
 
 
 @router.get("/{job_id}", dependencies=TASK, response_model=Job)

@@ -101,6 +101,8 @@ class CheckpointRow(Base):
     any_unaligned: Mapped[bool] = mapped_column(Boolean, default=False)
     failure_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     discarded: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Engine-specific figures of a checkpoint reported from outside (Structured Streaming micro-batches).
+    details: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class AckRow(Base):

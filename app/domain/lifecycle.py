@@ -127,8 +127,11 @@ class JobTransition:
 
 
 _ACTIVE = frozenset({JobStatus.created, JobStatus.running, JobStatus.failing})
+_ENDED_RESUMABLE = frozenset({JobStatus.finished, JobStatus.failed})
 JOB_TRANSITIONS: list[JobTransition] = [
     JobTransition(_ACTIVE, JobStatus.running),  # an attempt starts (also a restart of a failing job)
+    # A finished or failed job may be resumed by a new attempt (from its checkpoints); a cancelled one may not.
+    JobTransition(_ENDED_RESUMABLE, JobStatus.running),
     JobTransition(frozenset({JobStatus.running}), JobStatus.failing),
     JobTransition(_ACTIVE, JobStatus.finished),
     JobTransition(_ACTIVE, JobStatus.failed),
@@ -141,7 +144,7 @@ def move_job(job: JobRow, target: JobStatus, message: str | None = None) -> None
     if not any(current in t.source and t.target == target for t in JOB_TRANSITIONS):
         raise Conflict(
             f"job {job.id} is {current.value}; it cannot become {target.value}"
-            + (" (it has ended; register a new job to run again)" if current not in _ACTIVE else "")
+            + (" (it was cancelled; register a new job to run again)" if current == JobStatus.cancelled else "")
         )
     job.status = target.value
     job.status_message = message

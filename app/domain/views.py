@@ -77,7 +77,7 @@ async def job_view(s: AsyncSession, job: JobRow) -> Job:
 
 
 async def list_jobs(
-    s: AsyncSession, status: JobStatus | None, name: str | None, limit: int, offset: int
+    s: AsyncSession, status: JobStatus | None, name: str | None, limit: int, offset: int, label: str | None = None
 ) -> JobPage:
     q = select(JobRow)
     cq = select(func.count()).select_from(JobRow)
@@ -85,6 +85,14 @@ async def list_jobs(
         q, cq = q.where(JobRow.status == status.value), cq.where(JobRow.status == status.value)
     if name is not None:
         q, cq = q.where(JobRow.name == name), cq.where(JobRow.name == name)
+    if label is not None:
+        key, _, value = label.partition("=")
+        # Labels live in a JSON column: filter in Python over the (name/status-narrowed) jobs.
+        every = list((await s.execute(q.order_by(JobRow.id.desc()))).scalars())
+        matching = [j for j in every if (j.labels or {}).get(key) == value]
+        counts = await _counts(s, [j.id for j in matching[offset : offset + limit]])
+        page = matching[offset : offset + limit]
+        return JobPage(items=[job_model(j, counts[j.id]) for j in page], total=len(matching))
     total = (await s.execute(cq)).scalar_one()
     jobs = list((await s.execute(q.order_by(JobRow.id.desc()).limit(limit).offset(offset))).scalars())
     counts = await _counts(s, [j.id for j in jobs])
@@ -117,6 +125,7 @@ def checkpoint_model(cp: CheckpointRow) -> Checkpoint:
         failure_reason=cp.failure_reason,
         discarded=cp.discarded,
         stop_job=cp.stop_job,
+        details={k: v for k, v in cp.details.items() if k != "digest"} if cp.details else None,
     )
 
 
