@@ -16,7 +16,7 @@ from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import __doc__ as APP_DOC
-from app.api import checkpoints, jobs, ops, tasks
+from app.api import checkpoints, jobs, ops, tasks, ui
 from app.auth import Auth
 from app.domain.acks import AckCommitter
 from app.domain.context import Context
@@ -125,7 +125,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log.exception("unexpected error")
         return _error(500, "internal", f"internal error ({type(exc).__name__}); see the coordinator's log")
 
-    for router in (jobs.router, checkpoints.router, tasks.router, ops.router):
+    for router in (jobs.router, checkpoints.router, tasks.router, ops.router, ui.router):
         app.include_router(router)
 
     _document_errors(app)
@@ -151,7 +151,7 @@ def _document_errors(app: FastAPI) -> None:
     """Describe every error as the one JSON error shape the app really sends (not FastAPI's default)."""
     from fastapi.openapi.utils import get_openapi
 
-    from client.models import ErrorResponse
+    from client.models import AckBatch, ErrorResponse, SubtaskAck
 
     def openapi() -> dict:
         if app.openapi_schema:
@@ -166,6 +166,11 @@ def _document_errors(app: FastAPI) -> None:
         for name, sub in error_schema.pop("$defs", {}).items():
             schemas[name] = sub
         schemas["ErrorResponse"] = error_schema
+        for model in (SubtaskAck, AckBatch):  # bodies the ack routes parse themselves, referenced by name
+            body_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            for name, sub in body_schema.pop("$defs", {}).items():
+                schemas.setdefault(name, sub)
+            schemas.setdefault(model.__name__, body_schema)
         ref = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
         for path, operations in spec.get("paths", {}).items():
             for op in operations.values():

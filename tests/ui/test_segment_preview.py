@@ -1,0 +1,93 @@
+"""The segment preview: records of channel state decoded safely, within limits, from real checkpoints."""
+
+from __future__ import annotations
+
+import pickle
+import struct
+
+import httpx
+
+from app.api.ui import decode_segment, render, safe_loads
+from tests.ui.seed import frame
+
+_LEN = struct.Struct("<I")
+
+
+class Boom:
+    def __reduce__(self):
+        return (print, ("unpickled a callable",))
+
+
+def _segment(*buffers: bytes) -> bytes:
+    return b"".join(_LEN.pack(len(b)) + b for b in buffers)
+
+
+def test_allowed_types_decode_and_anything_else_is_unsupported_with_its_hex():
+    records, truncated = decode_segment(_segment(frame([("a", 1, {1, 2}), Boom()])), True, 10)
+    assert not truncated
+    assert [r.status for r in records] == ["ok", "unsupported"]
+    assert records[0].text == "('a', 1, {1, 2})"
+    assert "builtins.print" in records[1].text and records[1].hex
+
+
+def test_the_unpickler_never_calls_a_class_outside_the_allow_list():
+    for payload in (pickle.dumps(Boom()), b"cos\nsystem\n(S'true'\ntR."):
+        try:
+            safe_loads(payload)
+        except Exception as exc:
+            assert type(exc).__name__ == "Unsupported"
+        else:
+            raise AssertionError("a disallowed global was loaded")
+
+
+def test_bytearray_cannot_be_asked_to_allocate_a_size():
+    payload = b"\x80\x02cbuiltins\nbytearray\nJ\x00\xca\x9a;\x85R."  # bytearray(10**9)
+    records, _ = decode_segment(_segment(_LEN.pack(len(payload)) + payload), True, 5)
+    assert records[0].status == "error"
+
+
+def test_record_and_byte_limits_cut_the_preview_and_say_so():
+    seg = _segment(frame(list(range(30))), frame(list(range(30))))
+    records, truncated = decode_segment(seg, True, 40)
+    assert len(records) == 40 and truncated
+    records, truncated = decode_segment(seg[: len(seg) // 2 + 20], False, 500)
+    assert 30 <= len(records) < 60 and truncated
+
+
+def test_corrupt_framing_is_shown_as_an_error_not_a_failure():
+    records, _ = decode_segment(_segment(b"\xff\xff\x00\x00garbage"), True, 10)
+    assert records[0].status == "error" and "framing" in records[0].text
+
+
+def test_rendering_of_shared_and_cyclic_structures_is_bounded():
+    a: list = []
+    a.append(a)
+    assert "<cycle>" in render(a)
+    x: list = ["leaf"]
+    for _ in range(60):
+        x = [x, x]  # 2**60 leaves when printed naively
+    text = render(x, limit=300)
+    assert len(text) <= 300 and text.endswith("…")
+
+
+def test_preview_route_decodes_a_real_checkpoints_segment(seeded):
+    base = f"{seeded.url}/api/v1/jobs/{seeded.orders}/checkpoints/{seeded.unaligned_checkpoint}"
+    manifest = httpx.get(f"{base}/channel-state").json()
+    entry = manifest["entries"][0]
+    seg = entry["segments"][0]
+    params = {"vertex": entry["vertex"], "subtask_index": entry["subtask_index"], "channel": seg["channel"]}
+    r = httpx.get(
+        f"{base}/channel-state/preview", params={**params, "direction": seg["direction"], "max_records": 5}
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["record_count"] == seg["record_count"] and len(body["records"]) == 5 and body["truncated"]
+    assert body["records"][0]["text"].startswith("('order-0', 0, Decimal('0.25'), datetime.datetime(2026")
+
+
+def test_preview_of_a_missing_segment_is_404_naming_the_segments_there(seeded):
+    base = f"{seeded.url}/api/v1/jobs/{seeded.orders}/checkpoints/{seeded.unaligned_checkpoint}"
+    params = {"vertex": "count", "subtask_index": 0, "channel": "nope", "direction": "input"}
+    r = httpx.get(f"{base}/channel-state/preview", params=params)
+    assert r.status_code == 404
+    assert "in:source[0]->count[0]" in r.json()["error"]["message"]
