@@ -16,7 +16,10 @@ log = logging.getLogger(__name__)
 
 
 def _bearer(request: Request) -> str | None:
-    header = request.headers.get("authorization")
+    return _token(request.headers.get("authorization"))
+
+
+def _token(header: str | None) -> str | None:
     if not header:
         return None
     scheme, _, token = header.partition(" ")
@@ -53,9 +56,14 @@ class Auth:
 
     async def require_job(self, request: Request, job_id: int) -> None:
         """Admin token, or the task token of this job."""
+        if self.enabled:
+            await self.require_job_header(request.headers.get("authorization"), job_id)
+
+    async def require_job_header(self, authorization: str | None, job_id: int) -> None:
+        """As `require_job`, from the raw Authorization header (for the ack fast path)."""
         if not self.enabled:
             return
-        token = _bearer(request)
+        token = _token(authorization)
         if token is None:
             raise Unauthorized(
                 f"this route needs a token: job {job_id}'s task token (from starting an attempt) or the admin token"

@@ -53,3 +53,15 @@ class RangeNotSatisfiable(DomainError):
 class Unavailable(DomainError):
     status_code = 503
     code = "unavailable"
+
+
+def validation_message(errors: list[dict]) -> str:
+    """One readable line from pydantic's errors: `graph.vertices.0.parallelism: Input should be ...; ...`."""
+    parts = []
+    for err in errors:
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "request"
+        msg = err.get("msg", "invalid")
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        parts.append(f"{loc}: {msg}")
+    return "; ".join(parts) or "the request is invalid"

@@ -16,11 +16,11 @@ from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import __doc__ as APP_DOC
-from app.api import checkpoints, jobs, ops, tasks, ui
+from app.api import acks, checkpoints, jobs, ops, tasks, ui
 from app.auth import Auth
 from app.domain.acks import AckCommitter
 from app.domain.context import Context
-from app.errors import DomainError
+from app.errors import DomainError, validation_message
 from app.observability import setup_logging
 from app.scheduler import Scheduler
 from app.settings import Settings
@@ -35,17 +35,6 @@ def _error(status: int, code: str, message: str, details=None) -> JSONResponse:
     if details is not None:
         body["error"]["details"] = details
     return JSONResponse(body, status_code=status)
-
-
-def _validation_message(exc: RequestValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "request"
-        msg = err.get("msg", "invalid")
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, ") :]
-        parts.append(f"{loc}: {msg}")
-    return "; ".join(parts) or "the request is invalid"
 
 
 def _operation_id(route: APIRoute) -> str:
@@ -110,7 +99,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in exc.errors()]
-        return _error(422, "invalid", _validation_message(exc), errors)
+        return _error(422, "invalid", validation_message(list(exc.errors())), errors)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -125,8 +114,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log.exception("unexpected error")
         return _error(500, "internal", f"internal error ({type(exc).__name__}); see the coordinator's log")
 
-    for router in (jobs.router, checkpoints.router, tasks.router, ops.router, ui.router):
+    for router in (jobs.router, checkpoints.router, acks.router, tasks.router, ops.router, ui.router):
         app.include_router(router)
+    app.add_middleware(acks.AckFastPath)
 
     _document_errors(app)
 

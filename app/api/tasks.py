@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Annotated, Literal, TypeVar
 
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from sse_starlette.sse import EventSourceResponse
 
 from app.api.deps import TASK, CheckpointId, CtxDep, JobId
@@ -15,19 +14,14 @@ from app.blobstore import blob_key
 from app.domain import blobs, views
 from app.domain.checkpoints import decline as decline_checkpoint
 from app.domain.context import get_job_or_404, now_ms
-from app.errors import DomainError, Invalid, TooLarge
+from app.errors import Invalid, TooLarge
 from app.events import follow, read_log, to_sse
 from client.models import (
     NAME_RE,
-    AckBatch,
-    AckBatchItem,
-    AckBatchResult,
-    AckResult,
     BlobInfo,
     Checkpoint,
     Decline,
     Event,
-    SubtaskAck,
 )
 
 router = APIRouter(prefix="/api/v1/jobs/{job_id}", tags=["tasks"])
@@ -111,71 +105,6 @@ async def download_blob(
 async def _empty():
     if False:
         yield b""
-
-
-def _json_body(model: type) -> dict:
-    """OpenAPI for a route that parses its body itself (the hot ack routes skip FastAPI's generic body path)."""
-    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
-
-
-async def _parse(request: Request, model: type[M]) -> M:
-    try:
-        return model.model_validate_json(await request.body())
-    except ValidationError as exc:
-        raise RequestValidationError(
-            [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors()]
-        ) from None
-
-
-def _json(model) -> Response:
-    return Response(model.model_dump_json(), media_type="application/json")
-
-
-@router.post(
-    "/checkpoints/{checkpoint_id}/acks", response_model=AckResult, openapi_extra=_json_body(SubtaskAck)
-)
-async def ack(job_id: JobId, checkpoint_id: CheckpointId, request: Request) -> Response:
-    """A subtask's part of the checkpoint is durable. Answered after the ack is committed; idempotent.
-
-    Needs the job's task token (or the admin token); checked inline, as this is the hottest route."""
-    await request.app.state.auth.require_job(request, job_id)
-    body = await _parse(request, SubtaskAck)
-    (result,) = await request.app.state.committer.submit(job_id, checkpoint_id, [body])
-    if isinstance(result, DomainError):
-        raise result
-    return _json(result)
-
-
-@router.post(
-    "/checkpoints/{checkpoint_id}/acks/batch",
-    response_model=AckBatchResult,
-    openapi_extra=_json_body(AckBatch),
-)
-async def ack_batch(job_id: JobId, checkpoint_id: CheckpointId, request: Request) -> Response:
-    """Several subtasks' acks in one request (a Spark task hosting a chain); each item has its own status."""
-    await request.app.state.auth.require_job(request, job_id)
-    body = await _parse(request, AckBatch)
-    results = await request.app.state.committer.submit(job_id, checkpoint_id, body.acks)
-    items = []
-    for a, r in zip(body.acks, results, strict=True):
-        if isinstance(r, DomainError):
-            items.append(
-                AckBatchItem(
-                    vertex=a.vertex,
-                    subtask_index=a.subtask_index,
-                    ok=False,
-                    status_code=r.status_code,
-                    error=r.message,
-                )
-            )
-        else:
-            items.append(
-                AckBatchItem(
-                    vertex=a.vertex, subtask_index=a.subtask_index, ok=True, status_code=200, result=r
-                )
-            )
-    return _json(AckBatchResult(items=items))
 
 
 @router.post("/checkpoints/{checkpoint_id}/declines", dependencies=TASK, response_model=Checkpoint)

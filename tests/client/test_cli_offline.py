@@ -96,7 +96,7 @@ def test_json_output_is_the_models_json(coordinator):
     coordinator.answers.append(httpx.Response(201, json=checkpoint(3)))
     result = runner.invoke(cli.app, ["--json", "checkpoints", "trigger", "1", "--policy", "unaligned"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout) == checkpoint(3) | {"stop_job": False}
+    assert json.loads(result.stdout) == checkpoint(3) | {"stop_job": False, "details": None}
     assert json.loads(coordinator.bodies[0]) == {"policy": "unaligned"}
 
 

@@ -32,7 +32,7 @@ class Api:
         parallelism = parallelism or {"src": 2, "agg": 2}
         names = list(parallelism)
         vertices = [
-            {"id": n, "parallelism": p, "max_parallelism": 16, "keyed": i > 0}
+            {"id": n, "parallelism": p, "max_parallelism": max(16, p), "keyed": i > 0}
             for i, (n, p) in enumerate(parallelism.items())
         ]
         if edges is None:

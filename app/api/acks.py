@@ -1,0 +1,146 @@
+"""The ack routes, the hottest of the service: one handler per route, served by a thin ASGI fast path.
+
+Every subtask acks every checkpoint, so these two routes carry most of the traffic. Their handlers take the
+raw body and the Authorization header and return (status, JSON bytes). `AckFastPath` serves them straight
+from ASGI, before the framework's routing, dependency and exception layers (which cost more per request
+than recording the ack); the FastAPI routes below call the same handlers and document them in openapi.yaml.
+Behaviour, errors and auth are the same on both paths.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import ValidationError
+
+from app.api.deps import CheckpointId, JobId
+from app.errors import DomainError, TooLarge, validation_message
+from client.models import AckBatch, AckBatchItem, AckBatchResult, AckResult, SubtaskAck
+
+router = APIRouter(prefix="/api/v1/jobs/{job_id}", tags=["tasks"])
+ACK_PATH = re.compile(r"^/api/v1/jobs/([0-9]+)/checkpoints/([0-9]+)/acks(/batch)?$")
+MAX_BODY = 16 * 1024 * 1024
+
+
+def _error(exc: DomainError) -> tuple[int, bytes]:
+    body: dict[str, Any] = {"code": exc.code, "message": exc.message}
+    if exc.details is not None:
+        body["details"] = exc.details
+    return exc.status_code, json.dumps({"error": body}).encode()
+
+
+def _invalid(exc: ValidationError) -> tuple[int, bytes]:
+    errors = [{"loc": ["body", *e.get("loc", ())], "msg": e.get("msg")} for e in exc.errors()]
+    body = {"code": "invalid", "message": validation_message(errors), "details": errors}
+    return 422, json.dumps({"error": body}).encode()
+
+
+async def handle_ack(state: Any, job_id: int, checkpoint_id: int, body: bytes, authorization: str | None):
+    """One subtask's ack: answered only after it is committed (group commit). Returns (status, JSON bytes)."""
+    try:
+        await state.auth.require_job_header(authorization, job_id)
+        ack = SubtaskAck.model_validate_json(body)
+        (result,) = await state.committer.submit(job_id, checkpoint_id, [ack])
+    except ValidationError as exc:
+        return _invalid(exc)
+    except DomainError as exc:
+        return _error(exc)
+    if isinstance(result, DomainError):
+        return _error(result)
+    return 200, result.model_dump_json().encode()
+
+
+async def handle_ack_batch(state: Any, job_id: int, checkpoint_id: int, body: bytes, authorization: str | None):
+    """Several subtasks' acks in one request; each item has its own status. Returns (status, JSON bytes)."""
+    try:
+        await state.auth.require_job_header(authorization, job_id)
+        batch = AckBatch.model_validate_json(body)
+        results = await state.committer.submit(job_id, checkpoint_id, batch.acks)
+    except ValidationError as exc:
+        return _invalid(exc)
+    except DomainError as exc:
+        return _error(exc)
+    items = []
+    for a, r in zip(batch.acks, results, strict=True):
+        if isinstance(r, DomainError):
+            items.append(
+                AckBatchItem(
+                    vertex=a.vertex, subtask_index=a.subtask_index, ok=False, status_code=r.status_code, error=r.message
+                )
+            )
+        else:
+            items.append(
+                AckBatchItem(vertex=a.vertex, subtask_index=a.subtask_index, ok=True, status_code=200, result=r)
+            )
+    return 200, AckBatchResult(items=items).model_dump_json().encode()
+
+
+class AckFastPath:
+    """ASGI middleware: POSTs to the two ack routes go straight to their handlers; everything else passes on."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        match = ACK_PATH.match(scope["path"])
+        if match is None:
+            return await self.app(scope, receive, send)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > MAX_BODY:
+                return await _respond(send, *_error(TooLarge(f"an ack request is limited to {MAX_BODY} bytes; split it")))
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        authorization = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+                break
+        handler = handle_ack_batch if match.group(3) else handle_ack
+        state = scope["app"].state
+        status, payload = await handler(state, int(match.group(1)), int(match.group(2)), b"".join(chunks), authorization)
+        await _respond(send, status, payload)
+
+
+async def _respond(send, status: int, payload: bytes) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def _json_body(model: type) -> dict:
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+@router.post("/checkpoints/{checkpoint_id}/acks", response_model=AckResult, openapi_extra=_json_body(SubtaskAck))
+async def ack(job_id: JobId, checkpoint_id: CheckpointId, request: Request) -> Response:
+    """A subtask's part of the checkpoint is durable. Answered after the ack is committed; idempotent: the same
+    ack again succeeds and changes nothing, a different one is 409. Needs the job's task token (or admin)."""
+    status, payload = await handle_ack(
+        request.app.state, job_id, checkpoint_id, await request.body(), request.headers.get("authorization")
+    )
+    return Response(payload, status_code=status, media_type="application/json")
+
+
+@router.post(
+    "/checkpoints/{checkpoint_id}/acks/batch", response_model=AckBatchResult, openapi_extra=_json_body(AckBatch)
+)
+async def ack_batch(job_id: JobId, checkpoint_id: CheckpointId, request: Request) -> Response:
+    """Several subtasks' acks in one request (a Spark task hosting a chain); each item has its own status."""
+    status, payload = await handle_ack_batch(
+        request.app.state, job_id, checkpoint_id, await request.body(), request.headers.get("authorization")
+    )
+    return Response(payload, status_code=status, media_type="application/json")
