@@ -73,6 +73,13 @@ class _Completions:
         self._t.start()
 
     def _run(self, url: str, job_id: int) -> None:
+        try:
+            self._follow(url, job_id)
+        except httpx.HTTPError:
+            if not self._stop:
+                raise
+
+    def _follow(self, url: str, job_id: int) -> None:
         with httpx.stream("GET", f"{url}/api/v1/jobs/{job_id}/events", timeout=None) as r:
             for line in r.iter_lines():
                 if self._stop:
