@@ -1,4 +1,4 @@
-"""Routes for the web UI: a bounded, safe preview of the records of one channel-state segment.
+"""Routes for the web UI: where a job's event stream stands, and a safe preview of a channel-state segment.
 
 A segment is ``[u32 length][buffer]`` repeated and a buffer is ``[u32 length][pickle bytes]`` repeated
 (``spark_plugin.channel_state`` and ``spark_plugin.framing``). Channel state comes from subtasks, so the coordinator
@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.api.deps import TASK, CheckpointId, CtxDep, JobId
 from app.blobstore import blob_key
 from app.domain import blobs, views
+from app.domain.context import get_job_or_404
 from app.errors import NotFound
 
 router = APIRouter(prefix="/api/v1/jobs/{job_id}", tags=["ui"])
@@ -31,6 +32,15 @@ _LEN = struct.Struct("<I")
 MAX_RECORD_BYTES = 64 * 1024
 TEXT_LIMIT = 2000
 HEX_LIMIT = 64
+
+
+class EventCursor(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: int
+    latest_event_id: int = Field(
+        description="Id of the job's newest event (0: none); follow with ?after= it."
+    )
 
 
 class RecordPreview(BaseModel):
@@ -236,7 +246,15 @@ def decode_segment(data: bytes, complete: bool, max_records: int) -> tuple[list[
     return records, not complete or pos != len(view)
 
 
-# --------------------------------------------------------------------------- route
+# --------------------------------------------------------------------------- routes
+
+
+@router.get("/events/cursor", dependencies=TASK, response_model=EventCursor)
+async def event_cursor(job_id: JobId, ctx: CtxDep) -> EventCursor:
+    """Where the job's event log stands, so a viewer follows only new events (`/events?after=`)."""
+    async with ctx.tx(readonly=True) as s:
+        job = await get_job_or_404(s, job_id)
+        return EventCursor(job_id=job_id, latest_event_id=job.event_seq or 0)
 
 
 @router.get(

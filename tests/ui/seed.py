@@ -41,10 +41,10 @@ def frame(records: list) -> bytes:
     return b"".join(out)
 
 
-def channel_blob(channels: list[tuple[str, str, str, int, list[list]]]) -> tuple[bytes, list[dict]]:
-    """A channel-state blob and its segments; channels are (name, direction, peer vertex, peer index, buffers)."""
+def channel_blob(channels: list[tuple[str, str, str, int, str, list[list]]]) -> tuple[bytes, list[dict]]:
+    """A channel-state blob and its segments; channels are (name, direction, peer, peer index, partitioning, buffers)."""
     parts, segments, offset = [], [], 0
-    for name, direction, peer, peer_index, buffers in channels:
+    for name, direction, peer, peer_index, partitioning, buffers in channels:
         start, records = offset, 0
         for records_of_buffer in buffers:
             buf = frame(records_of_buffer)
@@ -61,7 +61,7 @@ def channel_blob(channels: list[tuple[str, str, str, int, list[list]]]) -> tuple
                 "record_count": records,
                 "peer_vertex": peer,
                 "peer_subtask": peer_index,
-                "partitioning": "hash",
+                "partitioning": partitioning,
             }
         )
     return b"".join(parts), segments
@@ -152,6 +152,7 @@ class Seeder:
                     "input",
                     "source",
                     u,
+                    "hash",
                     [
                         [order(100 * u + i) for i in range(n)],
                         [order(100 * u + n + i) for i in range(2)] + [{"late": True, "tags": {"a", "b"}}],
@@ -165,6 +166,7 @@ class Seeder:
                     "output",
                     "sink",
                     0,
+                    "rebalance",
                     [[("count", index, n), OrderedDict(a=1)]],
                 )
             )

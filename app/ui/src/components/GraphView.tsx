@@ -1,0 +1,80 @@
+// The job graph drawn as layers of vertices (by longest path from the sources) joined by partitioned edges.
+import type { Graph } from "../api/client";
+
+const W = 168;
+const H = 58;
+const GAP_X = 96;
+const GAP_Y = 26;
+const PAD = 16;
+
+export function layout(graph: Graph) {
+  const layer = new Map<string, number>(graph.vertices.map((v) => [v.id, 0]));
+  for (let i = 0; i < graph.vertices.length; i++) {
+    let changed = false;
+    for (const e of graph.edges ?? []) {
+      const next = (layer.get(e.source) ?? 0) + 1;
+      if (next > (layer.get(e.target) ?? 0)) {
+        layer.set(e.target, next);
+        changed = true;
+      }
+    }
+    if (!changed) break;
+  }
+  const columns: string[][] = [];
+  for (const v of graph.vertices) (columns[layer.get(v.id) ?? 0] ??= []).push(v.id);
+  const tallest = Math.max(...columns.map((c) => c?.length ?? 0));
+  const pos = new Map<string, { x: number; y: number }>();
+  columns.forEach((ids, col) => {
+    const offset = ((tallest - ids.length) * (H + GAP_Y)) / 2;
+    ids.forEach((id, row) => pos.set(id, { x: PAD + col * (W + GAP_X), y: PAD + offset + row * (H + GAP_Y) }));
+  });
+  const width = PAD * 2 + columns.length * W + (columns.length - 1) * GAP_X;
+  const height = PAD * 2 + tallest * H + (tallest - 1) * GAP_Y;
+  return { pos, width, height };
+}
+
+export function GraphView({ graph }: { graph: Graph }) {
+  const { pos, width, height } = layout(graph);
+  return (
+    <svg class="graph" viewBox={`0 0 ${width} ${height}`} width={width} height={height} role="img" aria-label="job graph">
+      <defs>
+        <marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" orient="auto">
+          <path d="M0,0 L10,5 L0,10 z" fill="#7b8794" />
+        </marker>
+      </defs>
+      {(graph.edges ?? []).map((e) => {
+        const a = pos.get(e.source);
+        const b = pos.get(e.target);
+        if (!a || !b) return null;
+        const x1 = a.x + W;
+        const y1 = a.y + H / 2;
+        const x2 = b.x;
+        const y2 = b.y + H / 2;
+        const mx = (x1 + x2) / 2;
+        const part = e.partitioning ?? "forward";
+        return (
+          <g class={`edge edge-${part}`} data-edge={`${e.source}->${e.target}`}>
+            <path d={`M${x1},${y1} C${mx},${y1} ${mx},${y2} ${x2},${y2}`} marker-end="url(#arrow)" />
+            <text x={mx} y={(y1 + y2) / 2 - 6} text-anchor="middle">
+              {part}
+            </text>
+          </g>
+        );
+      })}
+      {graph.vertices.map((v) => {
+        const p = pos.get(v.id)!;
+        return (
+          <g class={`vertex vertex-${v.kind ?? "operator"}`} data-vertex={v.id} transform={`translate(${p.x},${p.y})`}>
+            <rect width={W} height={H} rx="8" />
+            <text x="12" y="23" class="vertex-name">
+              {v.name ?? v.id}
+            </text>
+            <text x="12" y="43" class="vertex-meta">
+              {`${v.kind ?? "operator"}${v.keyed ? " · keyed" : ""} · parallelism ${v.parallelism}`}
+            </text>
+          </g>
+        );
+      })}
+    </svg>
+  );
+}

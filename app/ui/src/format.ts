@@ -1,0 +1,40 @@
+// Formatting of durations, sizes and times for tables and charts.
+export function ms(v: number | null | undefined): string {
+  if (v === null || v === undefined) return "–";
+  if (v < 1000) return `${Math.round(v)} ms`;
+  if (v < 60_000) return `${(v / 1000).toFixed(v < 10_000 ? 2 : 1)} s`;
+  return `${Math.floor(v / 60_000)} min ${Math.round((v % 60_000) / 1000)} s`;
+}
+
+export function bytes(v: number | null | undefined): string {
+  if (v === null || v === undefined) return "–";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  let x = v;
+  while (x >= 1024 && i < units.length - 1) {
+    x /= 1024;
+    i++;
+  }
+  return i === 0 ? `${x} B` : `${x.toFixed(x < 10 ? 1 : 0)} ${units[i]}`;
+}
+
+export function time(ts: number | null | undefined): string {
+  if (!ts) return "–";
+  const d = new Date(ts);
+  const today = new Date().toDateString() === d.toDateString();
+  const t = d.toLocaleTimeString(undefined, { hour12: false });
+  return today ? t : `${d.toLocaleDateString()} ${t}`;
+}
+
+export function age(ts: number | null | undefined, now: number = Date.now()): string {
+  if (!ts) return "–";
+  const s = Math.max(0, Math.round((now - ts) / 1000));
+  if (s < 60) return `${s} s ago`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ago`;
+  if (s < 86_400) return `${Math.floor(s / 3600)} h ago`;
+  return `${Math.floor(s / 86_400)} d ago`;
+}
+
+export function count(n: number): string {
+  return n.toLocaleString("en-US");
+}
