@@ -54,7 +54,9 @@ export function HistoryChart({ jobId, checkpoints }: { jobId: number; checkpoint
             <text x={LEFT} y={p.top - 10} class="chart-title">
               {p.title}
             </text>
-            {ticks(p.max, p.fmt).map((t) => {
+            {ticks(p.max, p.fmt)
+              .filter((t) => !p.none || t.y === 0)
+              .map((t) => {
               const y = p.top + PANEL - t.y * PANEL;
               return (
                 <g class="tick">
@@ -74,7 +76,7 @@ export function HistoryChart({ jobId, checkpoints }: { jobId: number; checkpoint
             )}
             {checkpoints.map((c, i) => {
               const v = p.value(c);
-              const h = c.status === "ABORTED" ? 4 : Math.max(v > 0 ? 1.5 : 0, (v / p.max) * PANEL);
+              const h = c.status !== "COMPLETED" ? 4 : Math.max(v > 0 ? 1.5 : 0, (v / p.max) * PANEL);
               const x = LEFT + i * step + (step - barW) / 2;
               return (
                 <a href={`#/jobs/${jobId}/checkpoints/${c.id}`}>
