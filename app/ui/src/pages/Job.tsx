@@ -17,10 +17,10 @@ export function JobPage({ jobId }: { jobId: number }) {
     () => call(api.GET("/api/v1/jobs/{job_id}/checkpoints/stats", { params: { path, query: { history: 0 } } })),
     [jobId],
   );
-  const [window, setWindow] = useState(200);
+  const [chartSize, setChartSize] = useState(200);
   const chart = useData(
-    () => call(api.GET("/api/v1/jobs/{job_id}/checkpoints", { params: { path, query: { limit: window } } })),
-    [jobId, window],
+    () => call(api.GET("/api/v1/jobs/{job_id}/checkpoints", { params: { path, query: { limit: chartSize } } })),
+    [jobId, chartSize],
   );
   const [offset, setOffset] = useState(0);
   const [filter, setFilter] = useState<StatusFilter>("");
@@ -47,6 +47,8 @@ export function JobPage({ jobId }: { jobId: number }) {
 
   useEffect(() => {
     let timer: number | undefined;
+    let retry: number | undefined;
+    let last = 0;
     let stop = () => {};
     let cancelled = false;
     (async () => {
@@ -61,9 +63,14 @@ export function JobPage({ jobId }: { jobId: number }) {
         );
         if (!cancelled) setEvents([...recent].reverse());
       } catch (e) {
+        if (cancelled) return;
         if (e instanceof ApiError && (e.status === 401 || e.status === 403)) setStream("unauthorized");
-        else setStream("reconnecting");
-        if (e instanceof ApiError && e.status !== 0) return;
+        else if (e instanceof ApiError && e.status === 404) setStream("gone");
+        else {
+          setStream("reconnecting"); // coordinator unreachable: ask again where the log stands, then follow
+          retry = window.setTimeout(() => setStreamKey((k) => k + 1), 3000);
+        }
+        return;
       }
       if (cancelled) return;
       stop = followEvents(
@@ -71,8 +78,13 @@ export function JobPage({ jobId }: { jobId: number }) {
         after,
         (e) => {
           setEvents((list) => [e, ...list].slice(0, 8));
+          // one refresh for a burst of events, at most one a second
           clearTimeout(timer);
-          timer = window_setTimeout(() => reloadAll.current(), 250);
+          const wait = Math.max(250, last + 1000 - Date.now());
+          timer = window.setTimeout(() => {
+            last = Date.now();
+            reloadAll.current();
+          }, wait);
         },
         setStream,
       );
@@ -80,6 +92,7 @@ export function JobPage({ jobId }: { jobId: number }) {
     return () => {
       cancelled = true;
       clearTimeout(timer);
+      clearTimeout(retry);
       stop();
     };
   }, [jobId, streamKey]);
@@ -214,7 +227,7 @@ export function JobPage({ jobId }: { jobId: number }) {
           <h2>History</h2>
           <label>
             show the last{" "}
-            <select value={window} onChange={(e) => setWindow(Number((e.target as HTMLSelectElement).value))}>
+            <select value={chartSize} onChange={(e) => setChartSize(Number((e.target as HTMLSelectElement).value))}>
               {[50, 200, 1000].map((n) => (
                 <option value={n}>{n}</option>
               ))}
@@ -277,7 +290,6 @@ export function JobPage({ jobId }: { jobId: number }) {
   );
 }
 
-const window_setTimeout = (f: () => void, t: number) => window.setTimeout(f, t);
 
 function describe(e: OvertakeEvent): string {
   const d = e.data as Record<string, unknown>;
