@@ -5,10 +5,12 @@ import { ms } from "../format";
 const LEFT = 120;
 const W = 1200;
 const ROW = 20;
+const MAX_ROWS = 60;
 
 export function AckTimeline({ cp }: { cp: CheckpointDetail }) {
-  const subtasks = [...cp.subtasks].sort((a, b) => a.ack_timestamp - b.ack_timestamp);
-  if (subtasks.length === 0) return null;
+  const all = [...cp.subtasks].sort((a, b) => a.ack_timestamp - b.ack_timestamp);
+  if (all.length === 0) return null;
+  const subtasks = all.slice(-MAX_ROWS); // with many subtasks, the latest acks are the ones worth seeing
   const span = Math.max(1, ...subtasks.map((s) => s.ack_timestamp - cp.trigger_timestamp));
   const scale = (W - LEFT - 20) / span;
   const height = subtasks.length * ROW + 30;
@@ -52,6 +54,11 @@ export function AckTimeline({ cp }: { cp: CheckpointDetail }) {
           );
         })}
       </svg>
+      {all.length > subtasks.length && (
+        <p class="muted">
+          Showing the {subtasks.length} latest of {all.length} acks; the table below has them all.
+        </p>
+      )}
       <figcaption class="legend">
         <span>
           <i class="swatch seg-start-delay" /> start delay

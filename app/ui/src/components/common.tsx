@@ -114,11 +114,13 @@ export function Pager({
   limit,
   total,
   onChange,
+  labels = ["« Newest", "‹ Newer", "Older ›", "Oldest »"],
 }: {
   offset: number;
   limit: number;
   total: number;
   onChange: (offset: number) => void;
+  labels?: [string, string, string, string];
 }) {
   if (total <= limit) return null;
   const page = Math.floor(offset / limit) + 1;
@@ -126,19 +128,19 @@ export function Pager({
   return (
     <nav class="pager" aria-label="pages">
       <button disabled={page <= 1} onClick={() => onChange(0)}>
-        « Newest
+        {labels[0]}
       </button>
       <button disabled={page <= 1} onClick={() => onChange(Math.max(0, offset - limit))}>
-        ‹ Newer
+        {labels[1]}
       </button>
       <span class="page-info">
         Page {page} of {pages} · {total.toLocaleString("en-US")} in all
       </span>
       <button disabled={page >= pages} onClick={() => onChange(offset + limit)}>
-        Older ›
+        {labels[2]}
       </button>
       <button disabled={page >= pages} onClick={() => onChange((pages - 1) * limit)}>
-        Oldest »
+        {labels[3]}
       </button>
     </nav>
   );

@@ -2,10 +2,11 @@
 import { useState } from "preact/hooks";
 import { api, call, type SubtaskStats } from "../api/client";
 import { AckTimeline } from "../components/AckTimeline";
-import { Empty, ErrorView, Link, StaleBanner, Status, TypeBadge, useData } from "../components/common";
+import { Empty, ErrorView, Link, Pager, StaleBanner, Status, TypeBadge, useData } from "../components/common";
 import { bytes, ms, time } from "../format";
 
 const HIGHLIGHT = 3;
+const ROWS = 100;
 type Key = keyof SubtaskStats;
 
 function top(subtasks: SubtaskStats[], key: (s: SubtaskStats) => number): Set<string> {
@@ -20,6 +21,7 @@ export function CheckpointPage({ jobId, cpId }: { jobId: number; cpId: number })
     [jobId, cpId],
   );
   const [sort, setSort] = useState<{ key: Key; desc: boolean }>({ key: "end_to_end_duration", desc: true });
+  const [offset, setOffset] = useState(0);
   if (!detail.data) {
     if (detail.error)
       return (
@@ -52,7 +54,10 @@ export function CheckpointPage({ jobId, cpId }: { jobId: number; cpId: number })
   const th = (key: Key, label: string, num = true) => (
     <th
       class={`${num ? "num" : ""} sortable ${sort.key === key ? "sorted" : ""}`}
-      onClick={() => setSort({ key, desc: sort.key === key ? !sort.desc : true })}
+      onClick={() => {
+        setSort({ key, desc: sort.key === key ? !sort.desc : true });
+        setOffset(0);
+      }}
     >
       {label}
       {sort.key === key ? (sort.desc ? " ▾" : " ▴") : ""}
@@ -142,7 +147,7 @@ export function CheckpointPage({ jobId, cpId }: { jobId: number; cpId: number })
               </tr>
             </thead>
             <tbody>
-              {rows.map((s) => {
+              {rows.slice(offset, offset + ROWS).map((s) => {
                 const name = `${s.vertex}[${s.subtask_index}]`;
                 const cls = [slow.has(name) ? "row-slow" : "", large.has(name) ? "row-large" : ""].join(" ");
                 return (
@@ -170,6 +175,13 @@ export function CheckpointPage({ jobId, cpId }: { jobId: number; cpId: number })
             </tbody>
           </table>
         )}
+        <Pager
+          offset={offset}
+          limit={ROWS}
+          total={rows.length}
+          onChange={setOffset}
+          labels={["« First", "‹ Previous", "Next ›", "Last »"]}
+        />
       </div>
     </section>
   );
