@@ -247,7 +247,7 @@ def test_secured_coordinator_asks_for_the_admin_token_and_uses_it(page, secured_
     s = Seeder(url, token)
     try:
         job = s.job("secured-orders")
-        s.attempt(job["id"])
+        task_token = s.attempt(job["id"])
     finally:
         s.close()
     page.goto(url + "/")
@@ -255,6 +255,10 @@ def test_secured_coordinator_asks_for_the_admin_token_and_uses_it(page, secured_
     page.fill("input[name=token]", "not-the-token")
     page.get_by_role("button", name="Use token").click()
     page.get_by_text("the token is not valid for this coordinator").wait_for()
+    page.fill("input[name=token]", task_token)
+    page.get_by_role("button", name="Use token").click()
+    page.get_by_role("heading", name="Not allowed").wait_for()
+    assert "a task token cannot use management routes" in page.locator(".error-panel").inner_text()
     page.fill("input[name=token]", token)
     page.get_by_role("button", name="Use token").click()
     page.locator(f"tr[data-job='{job['id']}']").wait_for()
@@ -273,11 +277,15 @@ def test_secured_coordinator_asks_for_the_admin_token_and_uses_it(page, secured_
     assert len(cps) == 1 and cps[0]["is_savepoint"]
 
 
-def test_an_unreachable_coordinator_is_reported_and_retried(page, tmp_path):
+def test_an_empty_coordinator_says_so_and_an_unreachable_one_is_reported(page, tmp_path):
     live = LiveCoordinator(tmp_path / "coordinator", {}).start()
     try:
-        Seeder(live.url).job("soon-gone")
         page.goto(live.url + "/")
+        page.get_by_text("No jobs yet").wait_for()
+        s = Seeder(live.url)
+        s.job("soon-gone")
+        s.close()
+        page.reload()
         page.locator("tr[data-job='1']").wait_for()
     finally:
         live.stop()
