@@ -31,6 +31,7 @@ from client.models import (
     CheckpointStatus,
     Decline,
     Event,
+    ExternalCheckpoint,
     Job,
     JobCreate,
     JobFinish,
@@ -101,8 +102,15 @@ class Endpoints:
             Call("POST", f"{API}/jobs", _model(Job), json=_body(JobCreate, job), idempotent=False)
         )
 
-    def list_jobs(self, status: JobStatus | str | None = None, limit: int = 50, offset: int = 0) -> JobPage:
-        params = _query(status=status, limit=limit, offset=offset)
+    def list_jobs(
+        self,
+        status: JobStatus | str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+        label: str | None = None,
+    ) -> JobPage:
+        """Jobs, newest first; ``label="key=value"`` keeps those with that label."""
+        params = _query(status=status, limit=limit, offset=offset, label=label)
         return self._send(Call("GET", f"{API}/jobs", _model(JobPage), params=params))
 
     def get_job(self, job_id: int) -> Job:
@@ -153,6 +161,14 @@ class Endpoints:
     ) -> CheckpointPage:
         params = _query(status=status, limit=limit, offset=offset)
         return self._send(Call("GET", f"{_job(job_id)}/checkpoints", _model(CheckpointPage), params=params))
+
+    def report_checkpoint(self, job_id: int, body: ExternalCheckpoint | dict[str, Any]) -> Checkpoint:
+        """Record a checkpoint the engine completed on its own (e.g. a micro-batch, keyed by its batch id).
+
+        Idempotent, so retried: the same report again changes nothing; a different one for a recorded id, or an
+        id below the job's next id, is a ``Conflict``."""
+        path = f"{_job(job_id)}/checkpoints/external"
+        return self._send(Call("POST", path, _model(Checkpoint), json=_body(ExternalCheckpoint, body)))
 
     def checkpoint_stats(self, job_id: int) -> CheckpointStatistics:
         return self._send(Call("GET", f"{_job(job_id)}/checkpoints/stats", _model(CheckpointStatistics)))
