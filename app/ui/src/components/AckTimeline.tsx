@@ -20,7 +20,11 @@ export function AckTimeline({ cp }: { cp: CheckpointDetail }) {
         {[0, 0.25, 0.5, 0.75, 1].map((f) => (
           <g class="tick">
             <line x1={LEFT + f * span * scale} x2={LEFT + f * span * scale} y1={0} y2={height - 20} />
-            <text x={LEFT + f * span * scale} y={height - 6} text-anchor={f === 1 ? "end" : f === 0 ? "start" : "middle"}>
+            <text
+              x={LEFT + f * span * scale}
+              y={height - 6}
+              text-anchor={f === 1 ? "end" : f === 0 ? "start" : "middle"}
+            >
               {`+${ms(f * span)}`}
             </text>
           </g>
@@ -47,7 +51,12 @@ export function AckTimeline({ cp }: { cp: CheckpointDetail }) {
                 x += w;
                 return r;
               })}
-              <circle class={s.unaligned ? "ack-dot unaligned" : "ack-dot"} cx={LEFT + total * scale} cy={y + ROW / 2 - 1} r="4">
+              <circle
+                class={s.unaligned ? "ack-dot unaligned" : "ack-dot"}
+                cx={LEFT + total * scale}
+                cy={y + ROW / 2 - 1}
+                r="4"
+              >
                 <title>{`${s.vertex}[${s.subtask_index}] acked +${ms(total)}`}</title>
               </circle>
             </g>

@@ -36,7 +36,14 @@ export function layout(graph: Graph) {
 export function GraphView({ graph }: { graph: Graph }) {
   const { pos, width, height } = layout(graph);
   return (
-    <svg class="graph" viewBox={`0 0 ${width} ${height}`} width={width} height={height} role="img" aria-label="job graph">
+    <svg
+      class="graph"
+      viewBox={`0 0 ${width} ${height}`}
+      width={width}
+      height={height}
+      role="img"
+      aria-label="job graph"
+    >
       <defs>
         <marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" orient="auto">
           <path d="M0,0 L10,5 L0,10 z" fill="#7b8794" />

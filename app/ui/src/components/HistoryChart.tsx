@@ -57,16 +57,16 @@ export function HistoryChart({ jobId, checkpoints }: { jobId: number; checkpoint
             {ticks(p.max, p.fmt)
               .filter((t) => !p.none || t.y === 0)
               .map((t) => {
-              const y = p.top + PANEL - t.y * PANEL;
-              return (
-                <g class="tick">
-                  <line x1={LEFT} x2={W - RIGHT} y1={y} y2={y} />
-                  <text x={LEFT - 6} y={y + 4} text-anchor="end">
-                    {t.label}
-                  </text>
-                </g>
-              );
-            })}
+                const y = p.top + PANEL - t.y * PANEL;
+                return (
+                  <g class="tick">
+                    <line x1={LEFT} x2={W - RIGHT} y1={y} y2={y} />
+                    <text x={LEFT - 6} y={y + 4} text-anchor="end">
+                      {t.label}
+                    </text>
+                  </g>
+                );
+              })}
             {p.none && (
               <text x={(LEFT + W) / 2} y={p.top + PANEL / 2} text-anchor="middle" class="chart-none">
                 {p.title === "persisted in-flight data"

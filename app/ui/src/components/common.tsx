@@ -69,7 +69,15 @@ export function TokenForm({ onSaved, error }: { onSaved: () => void; error?: Api
   );
 }
 
-export function ErrorView({ error, retry, notFound }: { error: ApiError; retry: () => void; notFound?: ComponentChildren }) {
+export function ErrorView({
+  error,
+  retry,
+  notFound,
+}: {
+  error: ApiError;
+  retry: () => void;
+  notFound?: ComponentChildren;
+}) {
   if (error.status === 401 || error.status === 403) {
     return (
       <div class="panel error-panel" role="alert">

@@ -17,7 +17,12 @@ function top(subtasks: SubtaskStats[], key: (s: SubtaskStats) => number): Set<st
 
 export function CheckpointPage({ jobId, cpId }: { jobId: number; cpId: number }) {
   const detail = useData(
-    () => call(api.GET("/api/v1/jobs/{job_id}/checkpoints/{checkpoint_id}", { params: { path: { job_id: jobId, checkpoint_id: cpId } } })),
+    () =>
+      call(
+        api.GET("/api/v1/jobs/{job_id}/checkpoints/{checkpoint_id}", {
+          params: { path: { job_id: jobId, checkpoint_id: cpId } },
+        }),
+      ),
     [jobId, cpId],
   );
   const [sort, setSort] = useState<{ key: Key; desc: boolean }>({ key: "end_to_end_duration", desc: true });
@@ -97,7 +102,11 @@ export function CheckpointPage({ jobId, cpId }: { jobId: number; cpId: number })
         <dt>end to end</dt>
         <dd>{ms(cp.end_to_end_duration)}</dd>
         <dt>switched to unaligned</dt>
-        <dd>{cp.switched_to_unaligned_timestamp ? `+${ms(cp.switched_to_unaligned_timestamp - cp.trigger_timestamp)}` : "no"}</dd>
+        <dd>
+          {cp.switched_to_unaligned_timestamp
+            ? `+${ms(cp.switched_to_unaligned_timestamp - cp.trigger_timestamp)}`
+            : "no"}
+        </dd>
         <dt>checkpointed size</dt>
         <dd>{bytes(cp.state_size)}</dd>
         <dt>persisted in-flight</dt>

@@ -27,7 +27,11 @@ export function InFlightPage({ jobId, cpId }: { jobId: number; cpId: number }) {
           <ErrorView
             error={manifest.error}
             retry={manifest.reload}
-            notFound={<h2>Checkpoint {cpId} of job {jobId} not found</h2>}
+            notFound={
+              <h2>
+                Checkpoint {cpId} of job {jobId} not found
+              </h2>
+            }
           />
         </>
       );
@@ -36,7 +40,10 @@ export function InFlightPage({ jobId, cpId }: { jobId: number; cpId: number }) {
   const rows = manifest.data.entries.flatMap((e) =>
     e.segments.map((segment) => ({ vertex: e.vertex, subtask_index: e.subtask_index, segment })),
   );
-  rows.sort((a, b) => a.segment.channel.localeCompare(b.segment.channel) || a.segment.direction.localeCompare(b.segment.direction));
+  rows.sort(
+    (a, b) =>
+      a.segment.channel.localeCompare(b.segment.channel) || a.segment.direction.localeCompare(b.segment.direction),
+  );
   const total = rows.reduce((a, r) => a + r.segment.length, 0);
   const records = rows.reduce((a, r) => a + r.segment.record_count, 0);
   const largest = Math.max(1, ...rows.map((r) => r.segment.length));
@@ -55,7 +62,8 @@ export function InFlightPage({ jobId, cpId }: { jobId: number; cpId: number }) {
       ) : (
         <>
           <p class="muted">
-            {rows.length} segment(s) of {manifest.data.entries.length} subtask(s): {bytes(total)}, {count(records)} record(s).
+            {rows.length} segment(s) of {manifest.data.entries.length} subtask(s): {bytes(total)}, {count(records)}{" "}
+            record(s).
           </p>
           <table class="data segments">
             <thead>
@@ -74,7 +82,10 @@ export function InFlightPage({ jobId, cpId }: { jobId: number; cpId: number }) {
             <tbody>
               {rows.map((r) => {
                 const key = `${r.vertex}[${r.subtask_index}] ${r.segment.direction} ${r.segment.channel}`;
-                const on = picked && `${picked.vertex}[${picked.subtask_index}] ${picked.segment.direction} ${picked.segment.channel}` === key;
+                const on =
+                  picked &&
+                  `${picked.vertex}[${picked.subtask_index}] ${picked.segment.direction} ${picked.segment.channel}` ===
+                    key;
                 return (
                   <tr data-channel={r.segment.channel} class={on ? "picked" : ""}>
                     <td>
@@ -82,7 +93,9 @@ export function InFlightPage({ jobId, cpId }: { jobId: number; cpId: number }) {
                     </td>
                     <td>{r.segment.direction}</td>
                     <td>{`${r.vertex}[${r.subtask_index}]`}</td>
-                    <td>{r.segment.peer_vertex ? `${r.segment.peer_vertex}[${r.segment.peer_subtask ?? "?"}]` : "–"}</td>
+                    <td>
+                      {r.segment.peer_vertex ? `${r.segment.peer_vertex}[${r.segment.peer_subtask ?? "?"}]` : "–"}
+                    </td>
                     <td>{r.segment.partitioning ?? "–"}</td>
                     <td class="num">{r.segment.buffer_count}</td>
                     <td class="num">{count(r.segment.record_count)}</td>
@@ -131,7 +144,8 @@ function Preview({ jobId, cpId, picked }: { jobId: number; cpId: number; picked:
   return (
     <div class="panel preview" id="preview" ref={ref}>
       <h2>
-        Records of <code>{picked.segment.channel}</code> ({picked.segment.direction}, {picked.vertex}[{picked.subtask_index}])
+        Records of <code>{picked.segment.channel}</code> ({picked.segment.direction}, {picked.vertex}[
+        {picked.subtask_index}])
       </h2>
       {preview.error && <ErrorView error={preview.error} retry={preview.reload} />}
       {!preview.data && !preview.error && <p class="muted">Decoding…</p>}
@@ -140,8 +154,8 @@ function Preview({ jobId, cpId, picked }: { jobId: number; cpId: number; picked:
           <p class="muted">
             Showing {preview.data.records.length} of {count(preview.data.record_count)} record(s)
             {preview.data.truncated ? " (the preview is limited)" : ""}; read {bytes(preview.data.bytes_read)} of{" "}
-            {bytes(preview.data.segment_length)}. Records are decoded on the coordinator with a restricted unpickler; types
-            outside its allow-list are shown as hex.
+            {bytes(preview.data.segment_length)}. Records are decoded on the coordinator with a restricted unpickler;
+            types outside its allow-list are shown as hex.
           </p>
           {preview.data.records.length === 0 ? (
             <Empty>This segment holds no records.</Empty>

@@ -185,7 +185,10 @@ export function JobPage({ jobId }: { jobId: number }) {
           value={j.latest_completed_checkpoint_id ? `#${j.latest_completed_checkpoint_id}` : "–"}
           sub={age(j.latest_completed_at)}
         />
-        <Card label="End-to-end p50 / p99" value={`${ms(s?.summary.end_to_end_duration.p50)} / ${ms(s?.summary.end_to_end_duration.p99)}`} />
+        <Card
+          label="End-to-end p50 / p99"
+          value={`${ms(s?.summary.end_to_end_duration.p50)} / ${ms(s?.summary.end_to_end_duration.p99)}`}
+        />
         <Card label="Persisted in-flight, max" value={bytes(s?.summary.persisted_data.max)} />
       </div>
 
@@ -204,7 +207,9 @@ export function JobPage({ jobId }: { jobId: number }) {
             <dt>policy</dt>
             <dd>
               {cfg.policy}
-              {cfg.policy === "aligned_then_unaligned" && cfg.alignment_timeout !== null && cfg.alignment_timeout !== undefined
+              {cfg.policy === "aligned_then_unaligned" &&
+              cfg.alignment_timeout !== null &&
+              cfg.alignment_timeout !== undefined
                 ? ` (switch after ${ms(cfg.alignment_timeout)})`
                 : ""}
             </dd>
@@ -290,7 +295,6 @@ export function JobPage({ jobId }: { jobId: number }) {
   );
 }
 
-
 function describe(e: OvertakeEvent): string {
   const d = e.data as Record<string, unknown>;
   const parts = [];
@@ -348,13 +352,24 @@ function HistoryTable({ jobId, items }: { jobId: number; items: Checkpoint[] }) 
             <td class="num">{ms(c.end_to_end_duration)}</td>
             <td class="num">{bytes(c.state_size)}</td>
             <td class="num">{bytes(c.processed_data)}</td>
-            <td class="num">{c.persisted_data ? <Link href={`/jobs/${jobId}/checkpoints/${c.id}/in-flight`}>{bytes(c.persisted_data)}</Link> : "0 B"}</td>
+            <td class="num">
+              {c.persisted_data ? (
+                <Link href={`/jobs/${jobId}/checkpoints/${c.id}/in-flight`}>{bytes(c.persisted_data)}</Link>
+              ) : (
+                "0 B"
+              )}
+            </td>
             <td class="num">{ms(c.alignment_duration)}</td>
             <td class="num">
               {c.num_acknowledged_subtasks}/{c.num_subtasks}
             </td>
             <td class="note">
-              {c.failure_reason ?? (c.discarded ? "discarded (retention)" : c.switched_to_unaligned_timestamp ? `switched to unaligned +${ms(c.switched_to_unaligned_timestamp - c.trigger_timestamp)}` : "")}
+              {c.failure_reason ??
+                (c.discarded
+                  ? "discarded (retention)"
+                  : c.switched_to_unaligned_timestamp
+                    ? `switched to unaligned +${ms(c.switched_to_unaligned_timestamp - c.trigger_timestamp)}`
+                    : "")}
             </td>
           </tr>
         ))}

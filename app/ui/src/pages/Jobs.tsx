@@ -26,8 +26,8 @@ export function JobsPage() {
         <Empty>
           <h2>No jobs yet</h2>
           <p>
-            Register a pipeline with the SDK (<code>OvertakeClient.create_job</code>) or run <code>./dev.sh demo</code>; it
-            appears here.
+            Register a pipeline with the SDK (<code>OvertakeClient.create_job</code>) or run <code>./dev.sh demo</code>;
+            it appears here.
           </p>
         </Empty>
       ) : (
