@@ -292,3 +292,18 @@ def test_an_empty_coordinator_says_so_and_an_unreachable_one_is_reported(page, t
     page.evaluate("location.hash = '#/jobs/1'")
     page.get_by_text("Coordinator unreachable").wait_for()
     assert page.get_by_role("button", name="Retry").is_visible()
+
+
+def test_a_pending_checkpoints_page_follows_its_acks_to_completion(page, seeded):
+    s = Seeder(seeded.url)
+    try:
+        cp = s.trigger(seeded.orders)
+        page.goto(f"{seeded.url}/#/jobs/{seeded.orders}/checkpoints/{cp}")
+        page.get_by_text("Waiting for 6 subtask(s)").wait_for()
+        s.ack(seeded.orders, cp, "source", 0, unaligned=True, step=3, delay_ms=0)  # as _complete acks it
+        page.get_by_text("Waiting for 5 subtask(s)").wait_for()
+    finally:
+        s.close()
+    _complete(seeded.url, seeded.orders, cp)
+    page.locator("h1 .status-completed").wait_for()
+    assert page.locator("table.subtasks tbody tr").count() == 6

@@ -1,5 +1,5 @@
 // A checkpoint: its fields, a timeline of acks and the per-subtask table with the slowest and largest highlighted.
-import { useState } from "preact/hooks";
+import { useEffect, useState } from "preact/hooks";
 import { api, call, type SubtaskStats } from "../api/client";
 import { AckTimeline } from "../components/AckTimeline";
 import { Empty, ErrorView, Link, Pager, StaleBanner, Status, TypeBadge, useData } from "../components/common";
@@ -27,6 +27,12 @@ export function CheckpointPage({ jobId, cpId }: { jobId: number; cpId: number })
   );
   const [sort, setSort] = useState<{ key: Key; desc: boolean }>({ key: "end_to_end_duration", desc: true });
   const [offset, setOffset] = useState(0);
+  const pending = detail.data?.status === "PENDING";
+  useEffect(() => {
+    if (!pending) return;
+    const t = setInterval(detail.reload, 2000); // acks arrive without events: poll while it is pending
+    return () => clearInterval(t);
+  }, [pending, detail.reload]);
   if (!detail.data) {
     if (detail.error)
       return (
