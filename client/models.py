@@ -142,6 +142,10 @@ class AttemptCreate(_Model):
         default="latest",
         description="Checkpoint or savepoint id to restore from; 'latest' (the latest completed, if any) or null for a fresh start.",
     )
+    parallelism: dict[str, int] | None = Field(
+        default=None,
+        description="Rescale: new parallelism per vertex id (within its max_parallelism); state is redistributed.",
+    )
 
 
 class ChannelSegment(_Model):

@@ -60,7 +60,9 @@ async def finish_job(job_id: JobId, body: JobFinish, ctx: CtxDep) -> Job:
 
 @router.post("/{job_id}/attempts", status_code=201, dependencies=ADMIN, response_model=Attempt)
 async def start_attempt(job_id: JobId, ctx: CtxDep, body: AttemptCreate | None = None) -> Attempt:
-    """Start the next attempt: returns its number, a job-scoped task token (shown once) and the restore plan."""
+    """Start the next attempt: returns its number, a job-scoped task token (shown once) and the restore plan.
+
+    With `parallelism`, the job is rescaled: keyed state is split by key group, channel state redistributed."""
     body = body or AttemptCreate()
     async with ctx.tx() as s:
-        return await jobs.start_attempt(ctx, s, job_id, body.restore_from)
+        return await jobs.start_attempt(ctx, s, job_id, body.restore_from, body.parallelism)

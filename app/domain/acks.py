@@ -51,7 +51,7 @@ class AckCommitter:
         self.max_batch = ctx.settings.ack_batch_max
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
-        self._graphs: dict[int, dict[str, int]] = {}
+        self._graphs: dict[tuple[int, int | None], dict[str, int]] = {}
         self._insert = pg_insert if ctx.db.is_sqlite is False else sqlite_insert
 
     async def start(self) -> None:
@@ -119,30 +119,31 @@ class AckCommitter:
         for it in batch:
             by_job[it.job_id].append(it)
         for job_id, items in by_job.items():
-            # The job row lock (one lock order everywhere: job, then its checkpoints). Only the id is read:
+            # The job row lock (one lock order everywhere: job, then its checkpoints). Only the attempt is read:
             # the graph comes from a cache (graphs never change) and the full row is loaded only to complete.
             locked = (
-                await s.execute(select(JobRow.id).where(JobRow.id == job_id).with_for_update())
-            ).scalar_one_or_none()
+                await s.execute(select(JobRow.current_attempt).where(JobRow.id == job_id).with_for_update())
+            ).one_or_none()
             if locked is None:
                 for it in items:
                     it.result = NotFound(f"job {job_id} does not exist")
                 continue
-            graph = await self._graph(s, job_id)
+            graph = await self._graph(s, job_id, locked[0])
             by_cp: dict[int, list[_Item]] = defaultdict(list)
             for it in items:
                 by_cp[it.checkpoint_id].append(it)
             for cp_id, cp_items in by_cp.items():
                 await self._apply_checkpoint(s, job_id, graph, cp_id, cp_items)
 
-    async def _graph(self, s: AsyncSession, job_id: int) -> dict[str, int]:
-        graph = self._graphs.get(job_id)
+    async def _graph(self, s: AsyncSession, job_id: int, attempt: int | None) -> dict[str, int]:
+        """vertex -> parallelism. A job's graph changes only when an attempt rescales it, so it is cached per attempt."""
+        graph = self._graphs.get((job_id, attempt))
         if graph is None:
             job = await s.get(JobRow, job_id)
             graph = {v["id"]: v["parallelism"] for v in job.graph["vertices"]}
             if len(self._graphs) > 10_000:
                 self._graphs.clear()
-            self._graphs[job_id] = graph
+            self._graphs[(job_id, attempt)] = graph
         return graph
 
     async def _apply_checkpoint(
@@ -192,7 +193,8 @@ class AckCommitter:
                     raise Conflict(
                         f"checkpoint {cp_id} belongs to attempt {attempt}; this ack is from attempt {a.attempt}"
                     )
-                self._check_blobs(job_id, cp_id, a, blobs)
+                if status == PENDING:  # blobs of a finished checkpoint may be released; only new acks need them
+                    self._check_blobs(job_id, cp_id, a, blobs)
             except DomainError as exc:
                 it.result = exc
                 continue

@@ -15,8 +15,9 @@ from app.domain.context import Context, get_job_or_404, now_ms
 from app.domain.graph import validate_config, validate_graph
 from app.domain.lifecycle import AbortReason
 from app.domain.restore import build_plan, select_checkpoint
+from app.errors import Conflict, Invalid
 from app.events import emit
-from client.models import Attempt, EventType, JobCreate, JobFinish, JobStatus, RestorePlan
+from client.models import Attempt, EventType, Graph, JobCreate, JobFinish, JobStatus, RestorePlan
 
 
 def hash_token(token: str) -> str:
@@ -61,8 +62,6 @@ async def cancel_job(s: AsyncSession, job_id: int) -> JobRow:
 async def finish_job(s: AsyncSession, job_id: int, body: JobFinish) -> JobRow:
     job = await get_job_or_404(s, job_id, lock=True)
     if body.attempt is not None and body.attempt != job.current_attempt:
-        from app.errors import Conflict
-
         raise Conflict(
             f"job {job_id} is on attempt {job.current_attempt}; attempt {body.attempt} can no longer finish it"
         )
@@ -88,11 +87,33 @@ async def _end_attempt(s: AsyncSession, job: JobRow, now: int) -> None:
         )
 
 
-async def start_attempt(ctx: Context, s: AsyncSession, job_id: int, restore_from) -> Attempt:
+def rescale(job: JobRow, parallelism: dict[str, int]) -> None:
+    """Change vertices' parallelism for the next attempt; the graph must stay valid (forward edges, key groups)."""
+    graph = Graph.model_validate(job.graph)
+    known = {v.id: v for v in graph.vertices}
+    for vertex, p in parallelism.items():
+        if vertex not in known:
+            raise Invalid(f"cannot rescale unknown vertex {vertex!r}; the job's vertices are {', '.join(known)}")
+        if not 1 <= p <= known[vertex].max_parallelism:
+            raise Invalid(
+                f"vertex {vertex!r} can run with parallelism 1 to {known[vertex].max_parallelism} "
+                f"(its max_parallelism), not {p}"
+            )
+        known[vertex].parallelism = p
+    validate_graph(graph)
+    job.graph = graph.model_dump(mode="json")
+    job.num_subtasks = sum(v.parallelism for v in graph.vertices)
+
+
+async def start_attempt(
+    ctx: Context, s: AsyncSession, job_id: int, restore_from, parallelism: dict[str, int] | None = None
+) -> Attempt:
     """Open the next attempt: abort the older attempt's pending checkpoints, issue a task token, plan the restore."""
     job = await get_job_or_404(s, job_id, lock=True)
     now = now_ms()
     lifecycle.move_job(job, JobStatus.running, None)
+    if parallelism:
+        rescale(job, parallelism)
     candidates = await select_checkpoint(s, job, restore_from)
     plan: RestorePlan = await build_plan(ctx, s, job, candidates, restore_from)
     if job.current_attempt is not None:

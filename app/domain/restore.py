@@ -2,8 +2,9 @@
 segments in replay order and source offsets. Blobs are verified; a checkpoint with a missing or corrupt
 blob is passed over for the previous completed one, and the plan says which and why.
 
-Rescaling: keyed operator state is split by key-group range; other operator state, channel state and
-source offsets of old subtask j go to new subtask j mod the new parallelism.
+Rescaling: keyed operator state is split by key-group range; input channel state of hash edges goes to every
+new subtask (each keeps the records of its key groups); other operator state, channel state and source offsets
+of old subtask j go to new subtask j mod the new parallelism.
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ from app.domain.context import Context
 from app.domain.graph import key_group_range
 from app.domain.lifecycle import COMPLETED
 from app.errors import Conflict, NotFound
-from client.models import PlanFallback, RestorePlan, RestoreSegment, RestoreState, SubtaskRestore
+from client.models import (
+    Partitioning,
+    PlanFallback,
+    RestorePlan,
+    RestoreSegment,
+    RestoreState,
+    SubtaskRestore,
+)
 
 Requested = int | Literal["latest"] | None
 
@@ -147,11 +155,21 @@ def _plan(
                         _state(a, blobs[a.operator_blob_id], kg_start, kg_end, v.get("keyed", False))
                     )
             offsets: dict = {}
+            rescaled = bool(old_p) and old_p != p
             for a in sources:
                 sub.output_channel_state += _segments(a, "output")
-                sub.input_channel_state += _segments(a, "input")
+                sub.input_channel_state += [
+                    seg for seg in _segments(a, "input") if not (rescaled and seg.partitioning == Partitioning.hash)
+                ]
                 if a.source_offsets:
                     offsets.update(a.source_offsets)
+            if rescaled:
+                # Records of hash edges belong to key groups, not to old subtasks: every new subtask gets every
+                # old hash-partitioned input segment and keeps the records of its own key groups.
+                for a in old:
+                    sub.input_channel_state += [
+                        seg for seg in _segments(a, "input") if seg.partitioning == Partitioning.hash
+                    ]
             sub.source_offsets = offsets or None
             subtasks.append(sub)
     return RestorePlan(

@@ -32,6 +32,7 @@ async def _complete_with_state(api, job, tag: str, savepoint=False) -> tuple[int
                         "length": len(ch_data) - n_out,
                         "buffer_count": 1,
                         "record_count": 1,
+                        "partitioning": "hash",
                     },
                     {
                         "channel": f"out:agg[{i}]->sink",
@@ -127,4 +128,39 @@ async def test_restore_refuses_unknown_and_aborted_checkpoints(api):
     assert r.status_code == 409 and "ABORTED" in r.json()["error"]["message"]
     r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"restore_from": 42})
     assert r.status_code == 404
+    assert (await api.client.get(f"/api/v1/jobs/{job['id']}")).json()["current_attempt"] == 1
+
+
+async def test_rescaling_splits_keyed_state_by_key_group_and_gives_hash_input_to_every_new_subtask(api):
+    job = await api.job(retained=3)
+    # _complete_with_state marks its input segments with the hash partitioning of the src -> agg edge
+    cp, blobs = await _complete_with_state(api, job, "one")
+    r = await api.client.post(
+        f"/api/v1/jobs/{job['id']}/attempts", json={"restore_from": cp, "parallelism": {"agg": 4}}
+    )
+    assert r.status_code == 201, r.text
+    plan = r.json()["restore_plan"]
+    agg = [s for s in plan["subtasks"] if s["vertex"] == "agg"]
+    assert [(s["key_group_start"], s["key_group_end"]) for s in agg] == [(0, 3), (4, 7), (8, 11), (12, 15)]
+    # old agg[0] owned key groups 0-7, old agg[1] 8-15: new agg[1] (4-7) reads only old agg[0]'s state, for 4-7
+    assert [(x["from_subtask"], x["key_group_start"], x["key_group_end"]) for x in agg[1]["operator_state"]] == [(0, 4, 7)]
+    assert [(x["from_subtask"], x["key_group_start"], x["key_group_end"]) for x in agg[2]["operator_state"]] == [(1, 8, 11)]
+    for s in agg:
+        assert sorted(seg["from_subtask"] for seg in s["input_channel_state"]) == [0, 1]
+    job_now = (await api.client.get(f"/api/v1/jobs/{job['id']}")).json()
+    assert {v["id"]: v["parallelism"] for v in job_now["graph"]["vertices"]} == {"src": 2, "agg": 4}
+    new_cp = (await api.trigger(job["id"])).json()
+    assert new_cp["num_subtasks"] == 6
+    assert (await api.ack(job["id"], new_cp["id"], "agg", 3, attempt=2)).status_code == 200
+
+
+async def test_rescaling_refuses_impossible_parallelism(api):
+    job = await api.job()
+    for parallelism, phrase in (
+        ({"agg": 0}, "parallelism 1 to 16"),
+        ({"agg": 17}, "parallelism 1 to 16"),
+        ({"nope": 2}, "unknown vertex 'nope'"),
+    ):
+        r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"parallelism": parallelism})
+        assert r.status_code == 422 and phrase in r.json()["error"]["message"], r.text
     assert (await api.client.get(f"/api/v1/jobs/{job['id']}")).json()["current_attempt"] == 1
