@@ -18,6 +18,7 @@ from client.models import NAME_RE
 KIND = "structured_streaming"
 QUERY_LABEL = "spark_query_id"  # Spark's query id: stable across restarts from the same checkpoint location
 MAX_MESSAGE = 4000
+RETAINED = 100
 
 _STATE_FIELDS = (
     "operatorName",
@@ -156,7 +157,8 @@ def job_spec(
         "name": job_name(name, query_id),
         "kind": KIND,
         "graph": graph_of(progress),
-        "checkpoint": {"interval": None, "policy": "aligned"},
+        # retained: Spark keeps the metadata of its last 100 batches (spark.sql.streaming.minBatchesToRetain)
+        "checkpoint": {"interval": None, "policy": "aligned", "retained": RETAINED},
         "labels": {**labels, QUERY_LABEL: str(query_id)},
     }
 

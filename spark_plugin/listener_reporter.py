@@ -73,7 +73,6 @@ class Outbox:
         self._items: deque[Item] = deque()
         self._progress = 0
         self._busy = False
-        self._closed = False
         self._cond = threading.Condition()
         self.dropped = 0
         self._last_warning = 0.0

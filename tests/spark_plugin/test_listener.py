@@ -16,7 +16,7 @@ import pytest
 
 from client.models import CheckpointStatus, JobStatus
 from client.sync import OvertakeClient
-from spark_plugin.listener import OvertakeListener
+from spark_plugin.listener import OvertakeListener, install
 from spark_plugin.listener_progress import checkpoint_of, failure_message, graph_of, job_spec, snapshot
 from spark_plugin.listener_reporter import Outbox, Progress, Terminated
 
@@ -131,6 +131,25 @@ def test_a_full_buffer_drops_and_counts_micro_batches_but_keeps_the_end_of_a_que
     assert [outbox.put(b) for b in batches] == [True, True, False, False]
     assert outbox.put(Terminated("q", "r", None, None)) is True
     assert (outbox.dropped, outbox.pending()) == (2, 3)
+
+
+def test_install_takes_the_coordinator_and_buffer_size_from_the_spark_conf():
+    class Session:  # what install reads of a SparkSession
+        conf = {
+            "spark.overtake.coordinator": "http://coordinator.test:8321",
+            "spark.overtake.listener.bufferSize": "7",
+        }
+
+        class streams:
+            added: list = []
+            addListener = added.append
+
+    listener = install(Session(), drain_on_exit=0)
+    try:
+        assert Session.streams.added == [listener]
+        assert (listener.coordinator_url, listener._outbox.capacity) == ("http://coordinator.test:8321", 7)
+    finally:
+        listener.close(timeout=1)
 
 
 # --------------------------------------------------------------------------- on local Spark
