@@ -152,6 +152,73 @@ def test_install_takes_the_coordinator_and_buffer_size_from_the_spark_conf():
         listener.close(timeout=1)
 
 
+class QueryEvents:
+    """PySpark's listener events of one query, built the way Spark hands them over (no JVM needed)."""
+
+    def __init__(self, name: str) -> None:
+        from pyspark.sql.streaming import listener as events
+
+        self.events, self.id, self.name = events, uuid.uuid4(), name
+
+    def started(self, run: uuid.UUID):
+        return self.events.QueryStartedEvent(self.id, run, self.name, "2026-11-21T23:00:00.000Z", set())
+
+    def progress(self, run: uuid.UUID, batch_id: int, **changes):
+        body = RATE_PROGRESS | {"id": str(self.id), "runId": str(run), "name": self.name, "batchId": batch_id}
+        return self.events.QueryProgressEvent(self.events.StreamingQueryProgress.fromJson(body | changes))
+
+    def terminated(self, run: uuid.UUID, exception: str | None = None):
+        return self.events.QueryTerminatedEvent(self.id, run, exception, None)
+
+
+def job_of(listener: OvertakeListener, query: QueryEvents, client: OvertakeClient):
+    assert listener.flush(60)
+    return client.get_job(listener.stats().jobs[str(query.id)])
+
+
+def test_the_end_of_a_run_told_after_the_start_of_its_restart_does_not_end_the_job(coordinator):
+    """Spark tells listeners of a start at once, of progress and ends later: a restart's start can come first."""
+    listener, query = OvertakeListener(coordinator.url, drain_on_exit=0), QueryEvents("restarted")
+    first, second = uuid.uuid4(), uuid.uuid4()
+    try:
+        listener.onQueryStarted(query.started(first))
+        listener.onQueryProgress(query.progress(first, 0))
+        listener.onQueryStarted(query.started(second))
+        listener.onQueryProgress(query.progress(first, 1))
+        listener.onQueryTerminated(query.terminated(first))
+        listener.onQueryProgress(query.progress(second, 2))
+        with OvertakeClient(coordinator.url) as client:
+            job = job_of(listener, query, client)
+            assert (job.status, job.current_attempt) == (JobStatus.running, 2)
+            listener.onQueryTerminated(query.terminated(second))
+            job = job_of(listener, query, client)
+            assert (job.status, job.current_attempt) == (JobStatus.finished, 2)
+            assert checkpoint_ids(client, job.id) == [0, 1, 2]
+    finally:
+        listener.close(timeout=5)
+
+
+def test_a_batch_re_run_after_a_restart_keeps_the_report_recorded_first(coordinator):
+    listener, query = OvertakeListener(coordinator.url, drain_on_exit=0), QueryEvents("re-run")
+    first, second = uuid.uuid4(), uuid.uuid4()
+    try:
+        listener.onQueryStarted(query.started(first))
+        for n in (0, 1):
+            listener.onQueryProgress(query.progress(first, n))
+        listener.onQueryTerminated(query.terminated(first, "java.io.IOException: disk gone"))
+        listener.onQueryStarted(query.started(second))
+        listener.onQueryProgress(query.progress(second, 1, batchDuration=999))  # other figures: a 409
+        listener.onQueryProgress(query.progress(second, 2))
+        with OvertakeClient(coordinator.url) as client:
+            job = job_of(listener, query, client)
+            assert checkpoint_ids(client, job.id) == [0, 1, 2]
+            assert client.get_checkpoint(job.id, 1).details["metrics"]["batchDuration"] == 340
+        stats = listener.stats()
+        assert (stats.reported, stats.duplicates, stats.rejected) == (3, 1, 0)
+    finally:
+        listener.close(timeout=5)
+
+
 # --------------------------------------------------------------------------- on local Spark
 
 
