@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"starting Spark local[{tasks}] ..." if own_spark else "using the active Spark session ...")
         spark = (
             SparkSession.builder.master(f"local[{tasks}]").appName("overtake-demo")
-            .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate()
+            .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate()
         )
         spark.sparkContext.setLogLevel("ERROR")
         results = {}
