@@ -22,6 +22,10 @@ from spark_plugin.listener_progress import QUERY_LABEL, checkpoint_of, failure_m
 
 log = logging.getLogger("overtake.listener")
 
+# No answer (None), or answers that mean "later": retried for as long as they last. Other 5xx a few times.
+_ALWAYS_RETRIED = (None, 429, 502, 503, 504)
+_SERVER_ERROR_TRIES = 10
+
 
 @dataclass(frozen=True)
 class Started:
@@ -147,8 +151,8 @@ class _Run:
 
 class Reporter(threading.Thread):
     """Takes items from the outbox one at a time and retries each while the coordinator is unreachable or
-    answers 5xx, waiting ``backoff`` doubling up to ``max_backoff`` seconds. Errors it cannot retry are logged
-    and the item is passed over."""
+    answers 429/502/503/504 (another 5xx: ten times), waiting ``backoff`` doubling up to ``max_backoff`` seconds.
+    Errors it cannot retry are logged and the item is passed over."""
 
     def __init__(
         self,
@@ -186,7 +190,12 @@ class Reporter(threading.Thread):
                     if self.stop_event.is_set():
                         log.warning("overtake listener: stopped with unsent reports (%s)", exc)
                         return
-                    delay = min(self.max_backoff, self.backoff * 2**failures)
+                    if exc.status_code not in _ALWAYS_RETRIED and failures >= _SERVER_ERROR_TRIES:
+                        # an answer that keeps failing (a 500) is not an outage: do not hold back the rest
+                        log.error("overtake listener: giving up on %s: %s", _describe(item), exc)
+                        self._refused(item)
+                        break
+                    delay = min(self.max_backoff, self.backoff * 2 ** min(failures, 30))
                     failures += 1
                     if failures == 1 or failures % 10 == 0:
                         log.warning(
@@ -195,6 +204,7 @@ class Reporter(threading.Thread):
                     self.stop_event.wait(random.uniform(delay / 2, delay))
                 except OvertakeError as exc:
                     log.error("overtake listener: the coordinator refused %s: %s", _describe(item), exc)
+                    self._refused(item)
                     break
                 except Exception:  # never let a bug here end the thread: the next items still go out
                     log.exception("overtake listener: could not report %s", _describe(item))
@@ -299,6 +309,10 @@ class Reporter(threading.Thread):
         log.info("overtake listener: job %d of query %s is %s", job_id, item.query_id, status)
 
     # ------------------------------------------------------------------------------------------- stats
+
+    def _refused(self, item: Item) -> None:
+        if isinstance(item, Progress):
+            self._count("rejected")
 
     def _count(self, name: str) -> None:
         with self._lock:

@@ -18,7 +18,7 @@ from client.models import CheckpointStatus, JobStatus
 from client.sync import OvertakeClient
 from spark_plugin.listener import OvertakeListener, install
 from spark_plugin.listener_progress import checkpoint_of, failure_message, graph_of, job_spec, snapshot
-from spark_plugin.listener_reporter import Outbox, Progress, Terminated
+from spark_plugin.listener_reporter import Outbox, Progress, Reporter, Terminated
 
 # A progress event of a rate source -> groupBy count query, as PySpark 4 hands it to listeners.
 RATE_PROGRESS = {
@@ -150,6 +150,29 @@ def test_install_takes_the_coordinator_and_buffer_size_from_the_spark_conf():
         assert (listener.coordinator_url, listener._outbox.capacity) == ("http://coordinator.test:8321", 7)
     finally:
         listener.close(timeout=1)
+
+
+def test_a_coordinator_that_keeps_answering_500_does_not_hold_back_the_reports_behind():
+    import httpx
+
+    paths: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.path)
+        return httpx.Response(500, json={"error": {"code": "internal", "message": "a bug"}})
+
+    client = OvertakeClient("http://coordinator.test", retries=0, transport=httpx.MockTransport(answer))
+    outbox = Outbox(capacity=10)
+    reporter = Reporter(client, outbox, {}, backoff=0.001, max_backoff=0.001)
+    reporter.start()
+    for n in (0, 1):
+        outbox.put(Progress("q", "r", None, recorded(batchId=n)))
+    try:
+        assert outbox.wait_empty(30)
+        assert (reporter.snapshot_stats().rejected, len(paths)) == (2, 2 * 11)  # each tried 11 times
+    finally:
+        reporter.stop_event.set()
+        reporter.join(5)
 
 
 class QueryEvents:
