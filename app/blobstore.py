@@ -40,6 +40,18 @@ class Staged:
             pass
 
 
+def _digest(opener, path) -> str | None:
+    """sha256 of a stored blob, read in chunks; None if it is missing."""
+    try:
+        h = hashlib.sha256()
+        with opener(path, "rb") as f:
+            while chunk := f.read(CHUNK):
+                h.update(chunk)
+        return h.hexdigest()
+    except FileNotFoundError:
+        return None
+
+
 def new_blob_id() -> str:
     return uuid.uuid4().hex
 
@@ -146,19 +158,7 @@ class FileBlobStore(_Base):
                 yield chunk
 
     async def sha256(self, key: str) -> str | None:
-        path = self._path(key)
-
-        def digest() -> str | None:
-            try:
-                h = hashlib.sha256()
-                with open(path, "rb") as f:
-                    while chunk := f.read(CHUNK):
-                        h.update(chunk)
-                return h.hexdigest()
-            except FileNotFoundError:
-                return None
-
-        return await asyncio.to_thread(digest)
+        return await asyncio.to_thread(_digest, open, self._path(key))
 
     async def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
@@ -199,17 +199,7 @@ class FsspecBlobStore(_Base):
         yield data
 
     async def sha256(self, key: str) -> str | None:
-        def digest() -> str | None:
-            try:
-                h = hashlib.sha256()
-                with self.fs.open(self._path(key), "rb") as f:
-                    while chunk := f.read(CHUNK):
-                        h.update(chunk)
-                return h.hexdigest()
-            except FileNotFoundError:
-                return None
-
-        return await asyncio.to_thread(digest)
+        return await asyncio.to_thread(_digest, self.fs.open, self._path(key))
 
     async def delete(self, key: str) -> None:
         try:

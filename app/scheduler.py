@@ -15,7 +15,7 @@ from sqlalchemy import case, func, select
 
 from app.db.models import CheckpointRow, JobRow
 from app.domain.checkpoints import ACTIVE, abort_checkpoint, pending_ids, trigger, trigger_refusal
-from app.domain.context import Context, lock_job, now_ms
+from app.domain.context import BackgroundWorker, Context, lock_job, now_ms
 from app.domain.lifecycle import PENDING, AbortReason
 from app.errors import DomainError
 from app.events import emit, trim_log
@@ -25,26 +25,16 @@ log = logging.getLogger(__name__)
 FAR = 2**62
 
 
-class Scheduler:
+class Scheduler(BackgroundWorker):
+    name = "overtake-scheduler"
+
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.tick = ctx.settings.scheduler_tick
         self.max_idle = 1.0
-        self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._next_sweep = 0.0
         ctx.bus.add_listener(lambda _event: self._wake.set())
-
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="overtake-scheduler")
-
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
 
     async def _run(self) -> None:
         while True:

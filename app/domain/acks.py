@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import AckRow, BlobRow, CheckpointRow, JobRow
 from app.domain.checkpoints import check_parallelism, complete_checkpoint, get_checkpoint_or_404
-from app.domain.context import Context, after_commit, now_ms
+from app.domain.context import BackgroundWorker, Context, after_commit, now_ms
 from app.domain.lifecycle import ABORTED, COMPLETED, PENDING
 from app.errors import Conflict, DomainError, Invalid, NotFound
 from app.observability import ACK_BATCH, ACKS
@@ -45,25 +45,15 @@ class _Item:
     result: AckResult | DomainError | None = None
 
 
-class AckCommitter:
+class AckCommitter(BackgroundWorker):
+    name = "overtake-ack-committer"
+
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.max_batch = ctx.settings.ack_batch_max
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
-        self._task: asyncio.Task[None] | None = None
         self._graphs: dict[tuple[int, int | None], dict[str, int]] = {}
         self._insert = pg_insert if ctx.db.is_sqlite is False else sqlite_insert
-
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="overtake-ack-committer")
-
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
 
     async def submit(
         self, job_id: int, checkpoint_id: int, acks: list[SubtaskAck]

@@ -3,6 +3,7 @@ that publishes events and deletes unreferenced blobs only after a commit."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -98,3 +99,24 @@ async def get_job_or_404(s: AsyncSession, job_id: int, lock: bool = False) -> Jo
     if job is None:
         raise NotFound(f"job {job_id} does not exist; list jobs with GET /api/v1/jobs")
     return job
+
+
+class BackgroundWorker:
+    """A coroutine `_run` that runs for the life of the app: `start` launches it, `stop` cancels and awaits it."""
+
+    name = "overtake-worker"
+    _task: asyncio.Task | None = None
+
+    async def _run(self) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=self.name)
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
