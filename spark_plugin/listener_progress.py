@@ -139,7 +139,13 @@ def graph_of(progress: dict[str, Any] | None) -> dict[str, Any]:
         upstream, parallelism = [vid], n
     sink = progress.get("sink") or {}
     vertices.append(
-        {"id": "sink", "name": _short(sink.get("description")), "parallelism": parallelism, "kind": "sink"}
+        {
+            "id": "sink",
+            "name": _short(sink.get("description")),
+            "parallelism": parallelism,
+            "max_parallelism": max(parallelism, 128),
+            "kind": "sink",
+        }
     )
     edges += [{"source": u, "target": "sink", "partitioning": "forward"} for u in upstream]
     return {"vertices": vertices, "edges": edges}

@@ -15,7 +15,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from client.errors import Conflict, CoordinatorUnreachable, NotFound, OvertakeError, Unavailable
+from client.errors import (
+    Conflict,
+    CoordinatorUnreachable,
+    InvalidRequest,
+    NotFound,
+    OvertakeError,
+    Unavailable,
+)
 from client.models import TERMINAL_JOB_STATUSES, CheckpointStatus, JobStatus
 from client.sync import OvertakeClient
 from spark_plugin.listener_progress import QUERY_LABEL, checkpoint_of, failure_message, job_spec
@@ -231,7 +238,13 @@ class Reporter(threading.Thread):
         if job is None:
             if not create:
                 return None
-            job = self.client.create_job(job_spec(item.query_id, item.name, progress, self.labels))
+            try:
+                job = self.client.create_job(job_spec(item.query_id, item.name, progress, self.labels))
+            except InvalidRequest as exc:  # a graph the coordinator refuses must not cost the reports
+                log.warning(
+                    "overtake listener: query %s registered with a one-vertex graph: %s", item.query_id, exc
+                )
+                job = self.client.create_job(job_spec(item.query_id, item.name, None, self.labels))
             log.info("overtake listener: query %s registered as job %d", item.query_id, job.id)
         attempt = self.client.start_attempt(job.id, restore_from="latest")
         if attempt.attempt > 1:

@@ -120,6 +120,20 @@ def test_the_job_graph_has_the_sources_the_stateful_operators_and_the_sink():
     assert graph_of(None)["vertices"] == [{"id": "query", "parallelism": 1, "kind": "operator"}]
 
 
+def test_the_graph_of_a_query_with_sparks_default_200_shuffle_partitions_is_valid():
+    from app.domain.graph import validate_graph
+    from client.models import Graph
+
+    state = dict(RATE_PROGRESS["stateOperators"][0], numShufflePartitions=200)
+    graph = graph_of(recorded(stateOperators=[state, dict(state, operatorName="dedupe")]))
+    validate_graph(Graph.model_validate(graph))
+    assert [(v["id"], v["parallelism"]) for v in graph["vertices"]][1:] == [
+        ("stateStoreSave-0", 200),
+        ("dedupe-1", 200),
+        ("sink", 200),
+    ]
+
+
 def test_the_failure_message_is_the_exception_without_the_jvm_stack():
     trace = "ForeachBatchUserFuncException: boom\nValueError: boom\n\tat org.apache.Sink.add(Sink.scala:60)\n\tat x.y(z)"
     assert failure_message(trace) == "ForeachBatchUserFuncException: boom\nValueError: boom"
