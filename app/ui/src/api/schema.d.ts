@@ -97,6 +97,8 @@ export interface paths {
         /**
          * Start Attempt
          * @description Start the next attempt: returns its number, a job-scoped task token (shown once) and the restore plan.
+         *
+         *     With `parallelism`, the job is rescaled: keyed state is split by key group, channel state redistributed.
          */
         post: operations["start_attempt"];
         delete?: never;
@@ -549,6 +551,13 @@ export interface components {
              * @default latest
              */
             restore_from: number | "latest" | null;
+            /**
+             * Parallelism
+             * @description Rescale: new parallelism per vertex id (within its max_parallelism); state is redistributed.
+             */
+            parallelism?: {
+                [key: string]: number;
+            } | null;
         };
         /**
          * BarrierPolicy
