@@ -27,7 +27,17 @@ log = logging.getLogger("overtake.run")
 
 
 class RunFailed(RuntimeError):
-    """The barrier stage failed; the message says which job and attempt, and the Spark error."""
+    """The barrier stage failed; the message says which job and attempt, and the Spark error.
+
+    ``job_id``, ``attempt`` and ``restore_plan`` (the attempt's ``RestorePlan``) let a supervisor restart it.
+    """
+
+    def __init__(self, message: str, job_id: int | None = None, attempt: int | None = None,
+                 restore_plan: Any = None) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.attempt = attempt
+        self.restore_plan = restore_plan
 
 
 @dataclass
@@ -39,6 +49,8 @@ class RunResult:
     status: str
     subtasks: list[SubtaskResult] = field(default_factory=list)
     duration: float = 0.0
+    restore_plan: Any = None
+    """The attempt's ``client.models.RestorePlan``: the checkpoint restored and any ``fallbacks``."""
 
     def outputs(self, sink_id: str) -> list[Any]:
         """All records a :class:`~spark_plugin.sinks.CollectSink` with this operator id received."""
@@ -109,6 +121,7 @@ def run_pipeline(
     job_id: int | None = None,
     finish: bool = True,
     stop_after_checkpoints: int | None = None,
+    fail_job_on_error: bool = True,
 ) -> RunResult:
     """Run ``pipeline`` on Spark as one barrier stage, checkpointed by the coordinator at ``coordinator``.
 
@@ -118,6 +131,7 @@ def run_pipeline(
     for a fresh start); without it a new job is registered. With ``finish`` (the default) the job is marked
     FINISHED when the sources end or the time limit passes; ``finish=False`` leaves it open for another attempt.
     ``stop_after_checkpoints`` ends the run once that many checkpoints completed (tests, benchmarks).
+    ``fail_job_on_error=False`` leaves the job open when the barrier stage fails (the supervisor restarts it).
     The time limit counts from the moment all Spark tasks of the stage are up.
     """
     from client.models import CheckpointConfig, Graph, JobCreate
@@ -148,6 +162,9 @@ def run_pipeline(
         else:
             job = client.get_job(job_id)
         attempt = client.start_attempt(job.id, restore_from=restore_from)
+        for fb in attempt.restore_plan.fallbacks:
+            log.warning("job %s attempt %s: checkpoint %s passed over: %s", job.id, attempt.attempt,
+                        fb.checkpoint_id, fb.reason)
         restore = {
             (s.vertex, s.subtask_index): s.model_dump(mode="json") for s in attempt.restore_plan.subtasks
         }
@@ -174,14 +191,15 @@ def run_pipeline(
             rows = rdd.collect()
         except Exception as e:
             message = f"job {job.id} attempt {attempt.attempt}: the Spark barrier stage failed: {_short(e)}"
-            _finish(client, job.id, "FAILED", message, attempt.attempt)
-            raise RunFailed(message) from e
+            if fail_job_on_error:
+                _finish(client, job.id, "FAILED", message, attempt.attempt)
+            raise RunFailed(message, job.id, attempt.attempt, attempt.restore_plan) from e
         results = sorted((pickle.loads(r) for r in rows), key=lambda r: (r.vertex, r.subtask_index))
         statuses = {r.status for r in results}
         status = "finished" if statuses == {"finished"} else sorted(statuses - {"finished"})[0]
         if finish and not status.startswith("job "):
             _finish(client, job.id, "FINISHED", None if status == "finished" else status, attempt.attempt)
-        return RunResult(job.id, attempt.attempt, status, results, time.time() - started)
+        return RunResult(job.id, attempt.attempt, status, results, time.time() - started, attempt.restore_plan)
     finally:
         client.close()
 

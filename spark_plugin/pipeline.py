@@ -236,9 +236,18 @@ class Pipeline:
         return _chain(self)
 
     def run(self, spark: Any, coordinator: str, **kwargs: Any) -> RunResult:
-        """Run on Spark as one barrier stage; see :func:`spark_plugin.execution.run_pipeline`."""
+        """Run on Spark as one barrier stage; see :func:`spark_plugin.execution.run_pipeline`.
+
+        With ``restart=`` (a :mod:`spark_plugin.restart` strategy such as ``FixedDelay(max_restarts=3)``) a
+        :class:`~spark_plugin.supervisor.Supervisor` restarts a failed barrier stage from the latest checkpoint.
+        """
         from spark_plugin.execution import run_pipeline
 
+        restart = kwargs.pop("restart", None)
+        if restart is not None:
+            from spark_plugin.supervisor import Supervisor
+
+            return Supervisor(self, restart).run(spark, coordinator, **kwargs)  # type: ignore[return-value]
         return run_pipeline(self, spark, coordinator, **kwargs)
 
 

@@ -1,0 +1,167 @@
+"""The pipelines the failure tests run, their expected output, and a killer of subtask processes.
+
+A keyed counter under backpressure: ``(key, seq)`` from two sequence sources, hashed by key into a slow
+counting stage that emits ``(key, seq, n)`` where ``n`` is the key's count so far. Exactly-once restore means:
+for every key, ``n`` runs 1..count without gaps or repeats, every expected ``seq`` appears once, and the records
+of one source subtask keep their order (``seq`` grows with ``n``).
+
+Every Spark task announces its Python worker's pid in ``pid_dir/<stage>-<partition>.pid`` (the stage id grows
+with every attempt), so a test can SIGKILL a subtask's process while it runs.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from spark_plugin.config import NetworkConfig
+from spark_plugin.pipeline import Pipeline
+from spark_plugin.sources import SequenceSource
+
+SMALL_BUFFERS = NetworkConfig(buffer_size=1024)
+KEYS = 16
+
+
+def _announce(pid_dir: str) -> None:
+    """Write this worker's pid for the current Spark task (once per task)."""
+    from pyspark import BarrierTaskContext
+
+    ctx = BarrierTaskContext.get()
+    name = f"{ctx.stageId():06d}-{ctx.partitionId()}.pid"
+    path = Path(pid_dir) / name
+    if _announced.get(name) != os.getpid():
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(str(os.getpid()))
+        os.replace(tmp, path)
+        _announced[name] = os.getpid()
+
+
+_announced: dict[str, int] = {}
+
+
+class Announce:
+    """A pass-through map that announces its task's pid."""
+
+    def __init__(self, pid_dir: str) -> None:
+        self.pid_dir = pid_dir
+
+    def __call__(self, record):
+        _announce(self.pid_dir)
+        return record
+
+
+class CountPerKey:
+    """Keyed process function: slow (backpressure), counts per key, announces its task's pid."""
+
+    def __init__(self, pid_dir: str, delay: float = 0.0003) -> None:
+        self.pid_dir = pid_dir
+        self.delay = delay
+
+    def __call__(self, key, record, state):
+        _announce(self.pid_dir)
+        time.sleep(self.delay)
+        n = (state.value() or 0) + 1
+        state.update(n)
+        return [(key, record[1], n)]
+
+
+def keyed_counter(name: str, count: int | None, sink, pid_dir: str | Path, delay: float = 0.0003) -> Pipeline:
+    p = Pipeline(name, parallelism=2)
+    (
+        p.source(SequenceSource(count=count, keys=KEYS), id="src")
+        .map(Announce(str(pid_dir)), id="announce")
+        .key_by(lambda r: r[0])
+        .process(CountPerKey(str(pid_dir), delay), id="count")
+        .sink(sink, id="out")
+    )
+    return p
+
+
+def expected_keys(count: int) -> dict[int, list[int]]:
+    """The seqs each key receives, in order, from a run of ``count`` records."""
+    src = SequenceSource(count=count, keys=KEYS)
+    src.open(0, 1)
+    out: dict[int, list[int]] = defaultdict(list)
+    for seq in range(count):
+        out[src.key_of(seq)].append(seq)
+    return dict(out)
+
+
+def check_exactly_once(rows: list[tuple[int, int, int]], count: int, sources: int = 2) -> None:
+    """Assert the sink holds exactly the expected ``(key, seq, n)`` rows: counts, no gaps, per-source order."""
+    expected = expected_keys(count)
+    by_key: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for key, seq, n in rows:
+        by_key[int(key)].append((int(n), int(seq)))
+    seen = sum(len(v) for v in by_key.values())
+    dup = seen - len({(k, s) for k, v in by_key.items() for _, s in v})
+    assert set(by_key) == set(expected), f"keys {sorted(set(expected) ^ set(by_key))} differ"
+    for key, got in by_key.items():
+        got.sort()
+        ns = [n for n, _ in got]
+        assert ns == list(range(1, len(expected[key]) + 1)), (
+            f"key {key}: counts {len(ns)} rows, expected {len(expected[key])}; {dup} duplicate (key, seq) rows; "
+            f"first gap or repeat near n={next((i + 1 for i, n in enumerate(ns) if n != i + 1), None)}"
+        )
+        assert sorted(s for _, s in got) == expected[key], f"key {key}: other seqs than expected"
+        for r in range(sources):
+            from_r = [s for _, s in got if s % sources == r]
+            assert from_r == sorted(from_r), f"key {key}: records of source subtask {r} out of order"
+
+
+class WorkerKiller:
+    """SIGKILLs the Python worker of a random running subtask at random moments, ``kills`` times.
+
+    Each kill waits until every task of a newer attempt (a higher stage id) announced itself, then sleeps a
+    random ``1..max_wait`` seconds, so the kills land in the middle of processing, restores and checkpoints.
+    """
+
+    def __init__(self, pid_dir: Path, tasks: int, kills: int, seed: int, min_wait: float = 1.0,
+                 max_wait: float = 3.0) -> None:
+        self.pid_dir = Path(pid_dir)
+        self.tasks = tasks
+        self.kills = kills
+        self.rng = random.Random(seed)
+        self.min_wait, self.max_wait = min_wait, max_wait
+        self.killed: list[tuple[str, int]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="killer", daemon=True)
+
+    def __enter__(self) -> WorkerKiller:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+    def _stages(self) -> dict[str, list[Path]]:
+        stages: dict[str, list[Path]] = defaultdict(list)
+        for f in self.pid_dir.glob("*.pid"):
+            stages[f.name.split("-")[0]].append(f)
+        return stages
+
+    def _run(self) -> None:
+        last_stage = ""
+        while len(self.killed) < self.kills and not self.stop.is_set():
+            stages = self._stages()
+            ready = sorted(s for s, files in stages.items() if s > last_stage and len(files) >= self.tasks)
+            if not ready:
+                self.stop.wait(0.1)
+                continue
+            stage = ready[-1]
+            if self.stop.wait(self.rng.uniform(self.min_wait, self.max_wait)):
+                return
+            victim = self.rng.choice(sorted(stages[stage]))
+            pid = int(victim.read_text())
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue  # that attempt already ended; wait for the next
+            self.killed.append((victim.name, pid))
+            last_stage = stage
