@@ -70,7 +70,7 @@ class CoordinatorEventHandling:
                 if self.stop_after_checkpoints is not None and self.completed_seen >= self.stop_after_checkpoints:
                     self.halted = "checkpoint limit"
             elif kind == "job.status":
-                if data.get("status") in ("CANCELLED", "FAILED"):
+                if data.get("status") in ("CANCELLED", "FAILED", "FINISHED"):  # FINISHED: stopped with a savepoint
                     self.halted = f"job {data.get('status', '').lower()}"
 
     def _on_trigger(self, data: dict) -> None:
