@@ -62,6 +62,7 @@ def test_every_sdk_method_targets_a_route_of_the_contract():
         "acks": [SubtaskAck(attempt=1, vertex="a", subtask_index=0)],
         "decline": Decline(attempt=1, vertex="a", subtask_index=0, reason="x"),
         "status": "FINISHED",
+        "body": {"id": 0, "trigger_timestamp": 0, "completed_timestamp": 0},
         "attempt": 1,
         "vertex": "a",
         "subtask_index": 0,
