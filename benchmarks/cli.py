@@ -1,0 +1,228 @@
+"""``overtake bench [--quick] [--out DIR] [scenario...]``: the FLIP-76 test plan on local Spark, coordinator on
+PostgreSQL, with a markdown report and PNG plots in the results folder.
+
+Scenarios (default: all):
+  checkpoints   1. checkpoint duration under sustained backpressure, per policy and shuffle depth
+  throughput-bp 2. throughput under backpressure, each policy against no checkpoints
+  throughput    3. throughput without backpressure, unaligned every second against no checkpoints
+  disk          4. channel-state write bandwidth against raw sequential write bandwidth
+  acks          5. coordinator ack throughput against its no-database ceiling
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.flip76 import Runner, Settings, disk_bench, spark_tasks_needed
+from benchmarks.report import BenchResults, machine_facts, write
+
+SCENARIOS = {
+    "checkpoints": "1. checkpoint duration under backpressure",
+    "throughput-bp": "2. throughput under backpressure",
+    "throughput": "3. throughput without backpressure",
+    "disk": "4. channel-state write bandwidth",
+    "acks": "5. coordinator ack throughput",
+}
+_ALIASES = {"1": "checkpoints", "2": "throughput-bp", "3": "throughput", "4": "disk", "5": "acks"}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="overtake bench", description=__doc__.split("\n\n")[0],
+                                 epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("scenarios", nargs="*", metavar="scenario",
+                    help="which scenarios to run (names or numbers 1-5; default all)")
+    ap.add_argument("--quick", action="store_true", help="reduced settings: the whole run in under 5 minutes")
+    ap.add_argument("--out", type=Path, default=Path("bench-results"), help="results folder (default bench-results)")
+    ap.add_argument("--postgres", default=Settings.pg_admin_url,
+                    help="PostgreSQL admin URL; each run creates and drops its own database")
+    ap.add_argument("--seconds", type=float, help="length of each backpressured run (scenarios 1-2)")
+    ap.add_argument("--depths", help="shuffle depths of scenario 1, e.g. 1,3 (default 1,2,3)")
+    ap.add_argument("--policies", help="policies of scenario 1, comma-separated (default all three)")
+    args = ap.parse_args(argv)
+    chosen = []
+    for s in args.scenarios:
+        name = _ALIASES.get(s, s)
+        if name not in SCENARIOS:
+            ap.error(f"unknown scenario {s!r}; choose from {', '.join(SCENARIOS)} (or 1-5)")
+        chosen.append(name)
+    args.chosen = [s for s in SCENARIOS if s in chosen] if chosen else list(SCENARIOS)
+    return args
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    over: dict[str, Any] = {"pg_admin_url": args.postgres}
+    if args.seconds:
+        over["backpressure_seconds"] = args.seconds
+    if args.depths:
+        over["depths"] = tuple(int(d) for d in args.depths.split(","))
+    if args.policies:
+        over["policies"] = tuple(p.strip() for p in args.policies.split(","))
+    return Settings.quick_settings(**over) if args.quick else Settings(**over)
+
+
+def _start_spark(tasks: int) -> Any:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master(f"local[{tasks}]").appName("overtake-bench")
+        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2").getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``overtake bench``; returns the exit code."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    s = settings_from(args)
+    console = Console()
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    results = BenchResults(settings=s, command=shlex.join(["overtake", "bench", *argv]),
+                           started=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    t0 = time.monotonic()
+    load0 = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    chosen = args.chosen
+    need_spark = any(c in chosen for c in ("checkpoints", "throughput-bp", "throughput"))
+    runs_1 = [(p, d) for d in s.depths for p in s.policies] if "checkpoints" in chosen else []
+    if "throughput-bp" in chosen and not runs_1:
+        runs_1 = [(p, min(s.depths)) for p in s.policies]
+    steps = len(runs_1) + (1 if "throughput-bp" in chosen else 0)
+    steps += 2 * s.no_backpressure_repeats if "throughput" in chosen else 0
+    steps += ("disk" in chosen) + ("acks" in chosen) + (2 if need_spark else 0)
+
+    progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.fields[scenario]}"), BarColumn(bar_width=24),
+                        MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
+                        console=console, transient=False)
+    coordinator = None
+    drop = None
+    spark = None
+    data_dir = Path(tempfile.mkdtemp(prefix=".bench-", dir=out))
+    with progress:
+        task = progress.add_task("", total=steps, scenario="setup")
+
+        def status(msg: str, scenario: str | None = None) -> None:
+            if scenario is not None:
+                progress.update(task, scenario=scenario)
+            progress.update(task, description=msg)
+
+        def done(msg: str) -> None:
+            progress.advance(task)
+            progress.console.print(f"  [green]✓[/] {msg}")
+            write(results, out)
+
+        try:
+            status("machine facts")
+            if need_spark:
+                status(f"starting Spark local[{spark_tasks_needed(s)}]")
+                spark = _start_spark(spark_tasks_needed(s))
+                done("Spark started")
+                from app.local import LocalCoordinator
+                from benchmarks.acks import new_pg_database
+
+                status("starting the coordinator on a fresh PostgreSQL database")
+                db_url, drop = new_pg_database(s.pg_admin_url)
+                coordinator = LocalCoordinator(
+                    data_dir / "coordinator", {"OVERTAKE_DATABASE_URL": db_url, "OVERTAKE_LOG_LEVEL": "WARNING"}
+                ).start()
+                done(f"coordinator on PostgreSQL at {coordinator.url}")
+            results.machine = machine_facts(spark, s.pg_admin_url)
+            results.machine["load average at start"] = load0
+
+            if "disk" in chosen:
+                status("", SCENARIOS["disk"])
+                results.disk = disk_bench(data_dir / "disk", s, status)
+                d = results.disk
+                done(f"disk: raw {d.raw:,.0f} MiB/s, channel state {d.channel_state:,.0f} MiB/s "
+                     f"({d.ratio * 100:.0f}%)")
+
+            runner = Runner(spark, coordinator.url, s, status) if coordinator else None
+            if runs_1:
+                status("", SCENARIOS["checkpoints"] if "checkpoints" in chosen else SCENARIOS["throughput-bp"])
+                for pol, d in runs_1:
+                    x = runner.backpressured(pol, d)
+                    results.backpressure.append(x)
+                    p50, bound = x.p50_or_bound
+                    p50_text = "none completed" if p50 is None else f"{'>' if bound else ''}{p50:,.0f} ms"
+                    done(f"{x.label}: p50 {p50_text}, {x.completed} completed, "
+                         f"{x.aborted} aborted, {x.unfinished} unfinished, {x.throughput:,.0f} records/s")
+            if "throughput-bp" in chosen:
+                status("", SCENARIOS["throughput-bp"])
+                x = runner.backpressured(None, min(s.depths))
+                results.no_checkpoints_backpressure = x
+                done(f"no checkpoints, depth {x.depth}: {x.throughput:,.0f} records/s")
+            if "throughput" in chosen:
+                status("", SCENARIOS["throughput"])
+                for _ in range(s.no_backpressure_repeats):
+                    for pol in (None, "unaligned"):
+                        x = runner.free(pol)
+                        results.free.append(x)
+                        done(f"{x.label}: {x.throughput:,.0f} records/s"
+                             + (f", {x.completed} checkpoints completed" if pol else ""))
+            if coordinator is not None:
+                coordinator.stop()
+                coordinator = None
+            if "acks" in chosen:
+                from benchmarks import acks
+
+                status("", SCENARIOS["acks"])
+                results.acks = acks.run(s.pg_admin_url, subtasks=s.ack_subtasks, checkpoints=s.ack_checkpoints,
+                                        log=status)
+                a = results.acks
+                done(f"acks: {a.acks_per_s:,.0f} acks/s vs ceiling {a.ceiling_rps:,.0f} req/s "
+                     f"({a.ratio * 100:.0f}%)")
+        except KeyboardInterrupt:
+            results.errors["interrupted"] = "the run was interrupted; the report holds what was measured"
+        except Exception as e:  # noqa: BLE001 - the report says what failed, with what was measured so far
+            results.errors[progress.tasks[0].fields.get("scenario", "run")] = f"{type(e).__name__}: {e}"
+            console.print_exception(max_frames=8)
+        finally:
+            if coordinator is not None:
+                coordinator.stop()
+            if drop is not None:
+                try:
+                    drop()
+                except Exception as e:  # noqa: BLE001
+                    console.print(f"[yellow]could not drop the benchmark database: {e}")
+            if spark is not None:
+                spark.stop()
+            results.machine["load average at end"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+            results.seconds = time.monotonic() - t0
+            path = write(results, out)
+            shutil.rmtree(data_dir, ignore_errors=True)
+    from rich.markdown import Markdown
+
+    from benchmarks.report import targets
+
+    console.rule("targets")
+    tg = targets(results)
+    console.print(Markdown("| target | measured | status | by how much |\n| --- | --- | --- | --- |\n"
+                           + "\n".join(t.row() for t in tg)))
+    console.print(f"report: {path} ({results.seconds / 60:.1f} min)")
+    return 1 if results.errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

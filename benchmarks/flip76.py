@@ -1,0 +1,470 @@
+"""The FLIP-76 test plan as measurements: the pipelines, the runs and the statistics of scenarios 1-4.
+
+Scenario 5 (coordinator ack throughput) lives in :mod:`benchmarks.acks`; the report in
+:mod:`benchmarks.report`; the command line and the progress display in :mod:`benchmarks.cli`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spark_plugin.config import NetworkConfig
+from spark_plugin.pipeline import Pipeline
+from spark_plugin.sinks import DiscardSink
+from spark_plugin.sources import SequenceSource
+
+POLICIES = ("aligned", "unaligned", "aligned_then_unaligned")
+
+
+@dataclass
+class Settings:
+    """Everything a run depends on; written into the report as it is."""
+
+    quick: bool = False
+    parallelism: int = 2
+    depths: tuple[int, ...] = (1, 2, 3)
+    policies: tuple[str, ...] = POLICIES
+    alignment_timeout_ms: int = 100
+    interval_ms: int = 1000
+    record_cost_ms: float = 1.0
+    payload_bytes: int = 100
+    keys: int = 128
+    skew: float = 0.0
+    backpressure_seconds: float = 45.0
+    """Length of each run of scenarios 1 and 2 (counted from the moment all Spark tasks are up)."""
+    no_backpressure_seconds: float = 20.0
+    no_backpressure_repeats: int = 2
+    """Scenario 3 alternates runs without and with checkpoints this many times each."""
+    disk_total_mib: int = 512
+    disk_repeats: int = 2
+    ack_subtasks: int = 2000
+    ack_checkpoints: int = 10
+    pg_admin_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+    @classmethod
+    def quick_settings(cls, **over: Any) -> Settings:
+        base = dict(
+            quick=True, backpressure_seconds=10.0, no_backpressure_seconds=6.0, no_backpressure_repeats=1,
+            disk_total_mib=64, disk_repeats=1, ack_subtasks=500, ack_checkpoints=3,
+        )
+        base.update(over)
+        return cls(**base)
+
+    def network(self) -> NetworkConfig:
+        return NetworkConfig()
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["network"] = asdict(self.network())
+        return d
+
+
+# ------------------------------------------------------------------------------------------------ pipelines
+
+
+def _key(record: Any) -> Any:
+    return record[0]
+
+
+def slow_stage(cost_s: float) -> Callable:
+    """A keyed process function that spends ``cost_s`` seconds per record (sleeping) and counts per key."""
+
+    def process(key, record, state):
+        time.sleep(cost_s)
+        state.update((state.value() or 0) + 1)
+        return [record]
+
+    return process
+
+
+def light_stage(key, record, state):
+    """The same keyed count without the sleep: the stage of the pipeline without backpressure."""
+    state.update((state.value() or 0) + 1)
+    return [record]
+
+
+def backpressured_pipeline(name: str, depth: int, s: Settings) -> Pipeline:
+    """fast source -> (key_by -> slow stage) x depth -> discarding sink, every operator at ``s.parallelism``."""
+    p = Pipeline(name, parallelism=s.parallelism)
+    stream = p.source(SequenceSource(keys=s.keys, skew=s.skew, payload=s.payload_bytes), id="source")
+    for d in range(1, depth + 1):
+        stream = stream.key_by(_key).process(slow_stage(s.record_cost_ms / 1000.0), id=f"slow-{d}")
+    stream.sink(DiscardSink(), id="sink")
+    return p
+
+
+def free_pipeline(name: str, s: Settings) -> Pipeline:
+    """fast source -> key_by -> keyed count (no sleep) -> discarding sink: runs as fast as the CPUs allow."""
+    p = Pipeline(name, parallelism=s.parallelism)
+    (
+        p.source(SequenceSource(keys=s.keys, skew=s.skew, payload=s.payload_bytes), id="source")
+        .key_by(_key)
+        .process(light_stage, id="count")
+        .sink(DiscardSink(), id="sink")
+    )
+    return p
+
+
+def spark_tasks_needed(s: Settings) -> int:
+    return s.parallelism * (max(s.depths) + 1)
+
+
+# ------------------------------------------------------------------------------------------------ one run
+
+
+@dataclass
+class RunStats:
+    """One pipeline run: its throughput and the statistics of its checkpoints after warm-up."""
+
+    scenario: str
+    label: str
+    policy: str | None
+    depth: int
+    seconds: float
+    job_id: int = 0
+    records: int = 0
+    """Records that entered the last stage (the slow stage, or the keyed count)."""
+    throughput: float = 0.0
+    warm_up: int = 0
+    checkpoints: int = 0
+    completed: int = 0
+    aborted: int = 0
+    unfinished: int = 0
+    durations_ms: list[int] = field(default_factory=list)
+    persisted_bytes: list[int] = field(default_factory=list)
+    unfinished_age_ms: int | None = None
+    """Age, when the run ended, of the oldest checkpoint still pending then: a lower bound of its duration."""
+    abort_reasons: list[str] = field(default_factory=list)
+    wall_seconds: float = 0.0
+    breakdown: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per vertex, medians over completed checkpoints after warm-up of its subtasks' ack metrics (ms): ``ack``
+    (trigger to ack recorded), ``start_delay`` (trigger to first barrier), ``sync``, ``async`` (upload + ack)."""
+
+    def pct(self, q: float) -> float | None:
+        d = sorted(self.durations_ms)
+        if not d:
+            return None
+        return float(d[min(len(d) - 1, int(round(q * (len(d) - 1))))])
+
+    @property
+    def p50(self) -> float | None:
+        return float(statistics.median(self.durations_ms)) if self.durations_ms else None
+
+    @property
+    def p90(self) -> float | None:
+        return self.pct(0.9)
+
+    @property
+    def max(self) -> float | None:
+        return float(max(self.durations_ms)) if self.durations_ms else None
+
+    @property
+    def p50_or_bound(self) -> tuple[float | None, bool]:
+        """The p50, or when nothing completed after warm-up, the lower bound given by the unfinished one."""
+        if self.p50 is not None:
+            return self.p50, False
+        if self.unfinished_age_ms is not None:
+            return float(self.unfinished_age_ms), True
+        return None, False
+
+    @property
+    def persisted_avg(self) -> float | None:
+        return statistics.mean(self.persisted_bytes) if self.persisted_bytes else None
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(p50=self.p50, p90=self.p90, max=self.max, persisted_avg=self.persisted_avg)
+        return d
+
+
+def checkpoint_stats(stats: RunStats, checkpoints: list, ended_ms: int) -> RunStats:
+    """Fill ``stats`` from the run's checkpoints.
+
+    Warm-up: the checkpoints up to and including the first completed one are left out (they waited for Spark to
+    start the tasks, as in the demo). Checkpoints still pending when the run ended (aborted with ``job_ended``)
+    are counted as unfinished, not as aborted; the oldest one's age gives a lower bound of its duration.
+    """
+    ordered = sorted(checkpoints, key=lambda c: c.id)
+    first_done = next((c.id for c in ordered if c.status.value == "COMPLETED"), None)
+    if first_done is None:
+        steady = ordered  # nothing completed at all: every checkpoint is still pending at the end
+        stats.warm_up = 0
+    else:
+        steady = [c for c in ordered if c.id > first_done]
+        stats.warm_up = len(ordered) - len(steady)
+    unfinished = [c for c in steady if c.status.value == "PENDING" or "job_ended" in (c.failure_reason or "")]
+    done = [c for c in steady if c.status.value == "COMPLETED"]
+    aborted = [c for c in steady if c.status.value == "ABORTED" and c not in unfinished]
+    stats.checkpoints = len(steady)
+    stats.completed = len(done)
+    stats.aborted = len(aborted)
+    stats.unfinished = len(unfinished)
+    stats.abort_reasons = sorted({(c.failure_reason or "")[:120] for c in aborted})
+    stats.durations_ms = [c.end_to_end_duration for c in done if c.end_to_end_duration is not None]
+    stats.persisted_bytes = [c.persisted_data for c in done]
+    if unfinished:
+        # a checkpoint triggered before the tasks were up has been in the pipeline for at most the run's length
+        age = ended_ms - min(c.trigger_timestamp for c in unfinished)
+        stats.unfinished_age_ms = int(max(0, min(age, stats.seconds * 1000)))
+    return stats
+
+
+def ack_breakdown(client: Any, job_id: int, checkpoints: list, stats: RunStats, limit: int = 25) -> dict:
+    """Where a checkpoint's time goes, per vertex, from the subtasks' own ack metrics (medians, ms)."""
+    done = sorted((c for c in checkpoints if c.status.value == "COMPLETED"), key=lambda c: c.id)
+    done = [c for c in done if c.id > done[0].id][-limit:] if done else []  # the first one is warm-up
+    per: dict[str, dict[str, list[float]]] = {}
+    for c in done:
+        try:
+            detail = client.get_checkpoint(job_id, c.id)
+        except Exception:  # noqa: BLE001 - the breakdown is extra information
+            continue
+        for st in detail.subtasks:
+            m = per.setdefault(st.vertex, {"ack": [], "start_delay": [], "sync": [], "async": []})
+            m["ack"].append(st.ack_timestamp - c.trigger_timestamp)
+            m["start_delay"].append(st.start_delay)
+            m["sync"].append(st.sync_duration)
+            m["async"].append(st.async_duration)
+    return {v: {k: float(statistics.median(xs)) for k, xs in m.items() if xs} for v, m in per.items()}
+
+
+class Runner:
+    """Runs pipelines on one Spark session against one coordinator and collects their statistics."""
+
+    def __init__(self, spark: Any, url: str, settings: Settings, status: Callable[[str], None] = lambda m: None):
+        self.spark = spark
+        self.url = url
+        self.s = settings
+        self.status = status
+        self._n = 0
+
+    def run(self, scenario: str, label: str, pipeline_factory: Callable[[str], Pipeline], last_vertex: str,
+            policy: str | None, depth: int, seconds: float) -> RunStats:
+        from client.models import CheckpointConfig
+        from client.sync import OvertakeClient
+
+        self._n += 1
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"bench-{scenario}-{label}-{int(time.time())}-{self._n}")
+        pipeline = pipeline_factory(name)
+        if policy is None:
+            config = CheckpointConfig(interval=None)
+        else:
+            config = CheckpointConfig(
+                interval=self.s.interval_ms, policy=policy, retained=2,
+                timeout=int(max(600_000, seconds * 4000)),
+                alignment_timeout=self.s.alignment_timeout_ms if policy == "aligned_then_unaligned" else None,
+            )
+        outcome: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                outcome["result"] = pipeline.run(self.spark, self.url, checkpoint=config, time_limit=seconds,
+                                                 network=self.s.network())
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                outcome["error"] = e
+            outcome["ended"] = int(time.time() * 1000)
+
+        started = time.monotonic()
+        t = threading.Thread(target=target, name=f"bench {name}", daemon=True)
+        t.start()
+        job_id = None
+        with OvertakeClient(self.url) as client:
+            while t.is_alive():
+                t.join(1.0)
+                try:
+                    if job_id is None:
+                        jobs = [j for j in client.list_jobs(limit=50).items if j.name == name]
+                        job_id = jobs[0].id if jobs else None
+                    if job_id is not None and policy is not None:
+                        cps = client.list_checkpoints(job_id, limit=1000).items
+                        done = sum(1 for c in cps if c.status.value == "COMPLETED")
+                        self.status(f"{label}: {time.monotonic() - started:.0f} s, {len(cps)} checkpoints "
+                                    f"triggered, {done} completed")
+                    else:
+                        self.status(f"{label}: {time.monotonic() - started:.0f} s")
+                except Exception:  # noqa: BLE001 - the display only
+                    pass
+            if "error" in outcome:
+                raise outcome["error"]
+            result = outcome["result"]
+            stats = RunStats(scenario, label, policy, depth, seconds, job_id=result.job_id,
+                             wall_seconds=time.monotonic() - started)
+            stats.records = sum(r.records_in for r in result.subtasks if r.vertex == last_vertex)
+            stats.throughput = stats.records / seconds
+            if policy is not None:
+                cps = client.list_checkpoints(result.job_id, limit=1000).items
+                checkpoint_stats(stats, cps, outcome["ended"])
+                stats.breakdown = ack_breakdown(client, result.job_id, cps, stats)
+        return stats
+
+    def backpressured(self, policy: str | None, depth: int, scenario: str = "backpressure") -> RunStats:
+        label = f"{policy or 'no checkpoints'}, depth {depth}"
+        return self.run(scenario, label, lambda n: backpressured_pipeline(n, depth, self.s), f"slow-{depth}",
+                        policy, depth, self.s.backpressure_seconds)
+
+    def free(self, policy: str | None) -> RunStats:
+        label = f"{policy or 'no checkpoints'}, no backpressure"
+        return self.run("no-backpressure", label, lambda n: free_pipeline(n, self.s), "count", policy, 1,
+                        self.s.no_backpressure_seconds)
+
+
+# ------------------------------------------------------------------------------------------------ disk
+
+
+@dataclass
+class DiskStats:
+    directory: str
+    total_bytes: int
+    blob_bytes: int
+    buffer_bytes: int
+    raw_mib_s: list[float] = field(default_factory=list)
+    channel_state_mib_s: list[float] = field(default_factory=list)
+    writer_only_mib_s: list[float] = field(default_factory=list)
+    fsync_per_blob_ms: list[float] = field(default_factory=list)
+
+    @property
+    def raw(self) -> float:
+        return statistics.mean(self.raw_mib_s) if self.raw_mib_s else 0.0
+
+    @property
+    def channel_state(self) -> float:
+        return statistics.mean(self.channel_state_mib_s) if self.channel_state_mib_s else 0.0
+
+    @property
+    def writer_only(self) -> float:
+        return statistics.mean(self.writer_only_mib_s) if self.writer_only_mib_s else 0.0
+
+    @property
+    def ratio(self) -> float:
+        return self.channel_state / self.raw if self.raw else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(raw=self.raw, channel_state=self.channel_state, writer_only=self.writer_only, ratio=self.ratio)
+        return d
+
+
+def realistic_buffers(s: Settings, n: int = 16) -> list[tuple[bytes, int]]:
+    """``n`` full network buffers of the benchmark's records, framed by the runtime's own BufferBuilder."""
+    from spark_plugin.framing import BufferBuilder
+
+    src = SequenceSource(keys=s.keys, skew=s.skew, payload=s.payload_bytes)
+    src.open(0, 1)
+    b = BufferBuilder(s.network().buffer_size)
+    out: list[tuple[bytes, int]] = []
+    while len(out) < n:
+        for r in src.poll(64):
+            if b.add(r):
+                records = len(b)
+                out.append((b.finish(), records))
+                if len(out) == n:
+                    break
+    return out
+
+
+def inflight_capacity_bytes(net: NetworkConfig, channels: int = 2) -> int:
+    """What a subtask with ``channels`` inputs and outputs can hold in flight with this sizing (one blob)."""
+    buffers = channels * net.exclusive_buffers_per_channel + net.floating_buffers_per_gate
+    buffers += channels * net.max_buffers_per_output_channel
+    return buffers * net.buffer_size
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def raw_write(path: Path, total: int, chunk: int = 4 << 20) -> float:
+    """Seconds to write ``total`` bytes sequentially in ``chunk``-sized writes, then fsync."""
+    data = os.urandom(chunk)
+    t0 = time.perf_counter()
+    with open(path, "wb", buffering=0) as f:
+        left = total
+        while left > 0:
+            n = min(chunk, left)
+            f.write(data if n == chunk else data[:n])
+            left -= n
+        os.fsync(f.fileno())
+    elapsed = time.perf_counter() - t0
+    path.unlink()
+    return elapsed
+
+
+def channel_state_write(directory: Path, total: int, blob: int, buffers: list[tuple[bytes, int]],
+                        to_disk: bool = True) -> tuple[float, float]:
+    """Seconds to persist ``total`` bytes of channel state as blobs of about ``blob`` bytes, and the mean fsync.
+
+    Each blob goes through the runtime's :class:`ChannelStateWriter` (2 input channels whose buffers are counted
+    by the writer as the runtime's input side does, 2 output channels with known record counts), ``result()``
+    lays it out, and it is written to its own file, fsynced and renamed into place with the directory fsynced,
+    as the coordinator's file blob store commits an upload. With ``to_disk=False`` only the writer runs.
+    """
+    from spark_plugin.channel_state import ChannelInfo, ChannelStateWriter
+
+    infos = [ChannelInfo(f"in-{i}", "input", "upstream", i, "hash") for i in range(2)]
+    infos += [ChannelInfo(f"out-{i}", "output", "downstream", i, "hash") for i in range(2)]
+    per_blob = max(1, blob // len(buffers[0][0]))
+    written = 0
+    cid = 0
+    fsyncs: list[float] = []
+    t0 = time.perf_counter()
+    while written < total:
+        cid += 1
+        w = ChannelStateWriter()
+        w.start(cid)
+        for i in range(per_blob):
+            data, records = buffers[i % len(buffers)]
+            info = infos[i % len(infos)]
+            if info.direction == "input":
+                w.add_input_data(info, data)
+            else:
+                w.add_output_data(info, data, records)
+        w.finish_input()
+        w.finish_output()
+        res = w.result()
+        if to_disk:
+            tmp = directory / f".staging-{cid}"
+            with open(tmp, "wb", buffering=0) as f:
+                f.write(res.data)
+                f0 = time.perf_counter()
+                os.fsync(f.fileno())
+                fsyncs.append(time.perf_counter() - f0)
+            os.replace(tmp, directory / f"cp-{cid}.bin")
+            _fsync_dir(directory)
+        written += len(res.data)
+    elapsed = time.perf_counter() - t0
+    for p in directory.glob("cp-*.bin"):
+        p.unlink()
+    return elapsed * total / written, (statistics.mean(fsyncs) * 1000 if fsyncs else 0.0)
+
+
+def disk_bench(directory: Path, s: Settings, status: Callable[[str], None] = lambda m: None) -> DiskStats:
+    """Raw sequential bandwidth and channel-state bandwidth, alternated on the same directory."""
+    directory.mkdir(parents=True, exist_ok=True)
+    total = s.disk_total_mib << 20
+    blob = inflight_capacity_bytes(s.network())
+    bufs = realistic_buffers(s)
+    st = DiskStats(str(directory), total, blob, len(bufs[0][0]))
+    mib = total / (1 << 20)
+    for i in range(s.disk_repeats):
+        status(f"raw sequential write {i + 1}/{s.disk_repeats}")
+        st.raw_mib_s.append(mib / raw_write(directory / "raw.bin", total))
+        status(f"channel-state writer to files {i + 1}/{s.disk_repeats}")
+        secs, fs = channel_state_write(directory, total, blob, bufs)
+        st.channel_state_mib_s.append(mib / secs)
+        st.fsync_per_blob_ms.append(fs)
+        status(f"channel-state writer in memory {i + 1}/{s.disk_repeats}")
+        secs, _ = channel_state_write(directory, total, blob, bufs, to_disk=False)
+        st.writer_only_mib_s.append(mib / secs)
+    return st

@@ -1,0 +1,461 @@
+"""The benchmark report: machine facts, settings, targets, one table per scenario, and PNG plots."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.flip76 import DiskStats, RunStats, Settings
+
+
+@dataclass
+class BenchResults:
+    settings: Settings
+    machine: dict[str, str] = field(default_factory=dict)
+    command: str = ""
+    started: str = ""
+    seconds: float = 0.0
+    backpressure: list[RunStats] = field(default_factory=list)
+    no_checkpoints_backpressure: RunStats | None = None
+    free: list[RunStats] = field(default_factory=list)
+    disk: DiskStats | None = None
+    acks: Any = None
+    errors: dict[str, str] = field(default_factory=dict)
+    plots: list[str] = field(default_factory=list)
+
+    def run_of(self, policy: str, depth: int) -> RunStats | None:
+        return next((r for r in self.backpressure if r.policy == policy and r.depth == depth), None)
+
+
+# ------------------------------------------------------------------------------------------------ machine
+
+
+def _first_line(cmd: list[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+        text = (out.stdout or out.stderr).strip()
+        return text.splitlines()[0] if text else "?"
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def machine_facts(spark: Any = None, pg_admin_url: str | None = None) -> dict[str, str]:
+    facts: dict[str, str] = {}
+    facts["cores"] = str(os.cpu_count())
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("model name"))
+        facts["CPU"] = model
+    except (OSError, StopIteration):
+        facts["CPU"] = platform.processor() or "?"
+    try:
+        kb = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                      if line.startswith("MemTotal")))
+        facts["memory"] = f"{kb / (1 << 20):.1f} GiB"
+    except (OSError, StopIteration):
+        facts["memory"] = "?"
+    facts["OS"] = platform.platform()
+    facts["Python"] = platform.python_version()
+    try:
+        import pyspark
+
+        facts["PySpark"] = pyspark.__version__
+    except ImportError:
+        facts["PySpark"] = "?"
+    java = None
+    if spark is not None:
+        try:
+            jvm = spark.sparkContext._jvm
+            java = f"{jvm.System.getProperty('java.vendor')} {jvm.System.getProperty('java.version')}"
+        except Exception:  # noqa: BLE001
+            java = None
+    facts["Java"] = java or _first_line(["java", "-version"])
+    if pg_admin_url:
+        try:
+            import psycopg
+
+            with psycopg.connect(pg_admin_url, connect_timeout=5) as c:
+                facts["PostgreSQL"] = c.execute("SHOW server_version").fetchone()[0]
+        except Exception as e:  # noqa: BLE001
+            facts["PostgreSQL"] = f"unreachable ({type(e).__name__})"
+    facts["load average at start"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    facts["overtake commit"] = _first_line(["git", "-C", str(Path(__file__).resolve().parent), "rev-parse",
+                                             "--short", "HEAD"])
+    return facts
+
+
+# ------------------------------------------------------------------------------------------------ formatting
+
+
+def ms(v: float | None, bound: bool = False) -> str:
+    if v is None:
+        return "–"
+    s = f"{v / 1000:,.1f} s" if v >= 10_000 else f"{v:,.0f} ms"
+    return ("> " + s) if bound else s
+
+
+def nbytes(v: float | None) -> str:
+    if v is None:
+        return "–"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(v) < 1024 or unit == "GiB":
+            return f"{v:,.0f} {unit}" if unit == "B" else f"{v:,.1f} {unit}"
+        v /= 1024
+    return str(v)
+
+
+def ratio(a: float | None, b: float | None, bound: bool = False) -> str:
+    if a is None or b is None or b == 0:
+        return "–"
+    r = a / b
+    s = f"{r:,.1f}×" if r >= 10 else f"{r:,.2f}×"
+    return ("≥ " + s) if bound else s
+
+
+# ------------------------------------------------------------------------------------------------ targets
+
+
+@dataclass
+class Target:
+    name: str
+    measured: str
+    status: str  # "met", "missed", "not determined"
+    detail: str
+
+    def row(self) -> str:
+        mark = {"met": "✅ met", "missed": "❌ missed", "not determined": "❔ not determined"}[self.status]
+        return f"| {self.name} | {self.measured} | {mark} | {self.detail} |"
+
+
+def targets(r: BenchResults) -> list[Target]:
+    out: list[Target] = []
+    for d in r.settings.depths:
+        al, un = r.run_of("aligned", d), r.run_of("unaligned", d)
+        if al is None or un is None or un.p50 is None:
+            if un is not None or al is not None:
+                out.append(Target(f"depth {d}: unaligned p50 ≤ aligned p50 / 20", "–", "not determined",
+                                  "no completed unaligned checkpoint after warm-up"))
+            continue
+        a, bound = al.p50_or_bound
+        if a is None:
+            out.append(Target(f"depth {d}: unaligned p50 ≤ aligned p50 / 20", f"unaligned {ms(un.p50)}",
+                              "not determined", "aligned: no checkpoint after warm-up"))
+        else:
+            rr = a / un.p50 if un.p50 else float("inf")
+            measured = f"aligned {ms(a, bound)} / unaligned {ms(un.p50)} = {ratio(a, un.p50, bound)}"
+            if rr >= 20:
+                out.append(Target(f"depth {d}: unaligned p50 ≤ aligned p50 / 20", measured, "met",
+                                  f"{rr / 20:.1f}× better than the target"))
+            elif bound:
+                out.append(Target(f"depth {d}: unaligned p50 ≤ aligned p50 / 20", measured, "not determined",
+                                  "no aligned checkpoint completed after warm-up; the ratio is a lower bound "
+                                  "below 20 — run longer"))
+            else:
+                out.append(Target(f"depth {d}: unaligned p50 ≤ aligned p50 / 20", measured, "missed",
+                                  f"ratio {rr:.1f}× instead of ≥ 20×: unaligned p50 is {20 / rr:.1f}× too high "
+                                  f"(needs ≤ {ms(a / 20)})"))
+        if un.p50 < 100:
+            out.append(Target(f"depth {d}: unaligned p50 < 100 ms", ms(un.p50), "met",
+                              f"{100 / max(un.p50, 1):.1f}× under"))
+        else:
+            out.append(Target(f"depth {d}: unaligned p50 < 100 ms", ms(un.p50), "missed",
+                              f"{un.p50 / 100:.1f}× the target ({un.p50 - 100:,.0f} ms over)"))
+    u1, u3 = r.run_of("unaligned", 1), r.run_of("unaligned", 3)
+    if u1 and u3 and u1.p50 and u3.p50:
+        rr = u3.p50 / u1.p50
+        detail = f"{1.5 / rr:.2f}× margin" if rr <= 1.5 else f"{rr / 1.5:.2f}× over the 1.5× bound"
+        out.append(Target("unaligned p50 at depth 3 ≤ 1.5 × depth 1", f"{ms(u3.p50)} / {ms(u1.p50)} = {rr:.2f}×",
+                          "met" if rr <= 1.5 else "missed", detail))
+    none = [x for x in r.free if x.policy is None]
+    unal = [x for x in r.free if x.policy == "unaligned"]
+    if none and unal:
+        import statistics
+
+        a = statistics.median(x.throughput for x in none)
+        b = statistics.median(x.throughput for x in unal)
+        cost = (a - b) / a if a else 0.0
+        measured = f"{b:,.0f} vs {a:,.0f} records/s: {cost * 100:+.1f}% cost"
+        out.append(Target("unaligned every second costs ≤ 5% throughput without backpressure", measured,
+                          "met" if cost <= 0.05 else "missed",
+                          "within the target" if cost <= 0.05 else f"{(cost - 0.05) * 100:.1f} points over"))
+    if r.disk and r.disk.raw:
+        rr = r.disk.ratio
+        out.append(Target("channel-state writes ≥ 50% of raw disk bandwidth",
+                          f"{r.disk.channel_state:,.0f} / {r.disk.raw:,.0f} MiB/s = {rr * 100:.0f}%",
+                          "met" if rr >= 0.5 else "missed",
+                          f"{rr / 0.5:.2f}× the bar" if rr >= 0.5 else f"{(0.5 - rr) * 100:.0f} points short"))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ markdown
+
+
+def _table(header: list[str], rows: list[list[str]], align: str | None = None) -> str:
+    align = align or ("l" + "r" * (len(header) - 1))
+    sep = ["---" if a == "l" else "---:" for a in align]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(sep) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def checkpoint_table(r: BenchResults) -> str:
+    rows = []
+    for d in r.settings.depths:
+        al = r.run_of("aligned", d)
+        a_p50 = al.p50_or_bound if al else (None, False)
+        for pol in r.settings.policies:
+            x = r.run_of(pol, d)
+            if x is None:
+                continue
+            p50, bound = x.p50_or_bound
+            if pol == "aligned" or bound:
+                vs = "–"
+            else:
+                vs = ratio(a_p50[0], p50, a_p50[1])
+            rows.append([
+                str(d), pol, ms(p50, bound), ms(x.p90), ms(x.max), vs, nbytes(x.persisted_avg),
+                nbytes(max(x.persisted_bytes) if x.persisted_bytes else None),
+                f"{x.completed} / {x.aborted}", str(x.unfinished), f"{x.throughput:,.0f}",
+            ])
+    return _table(["depth", "policy", "p50", "p90", "max", "aligned p50 ÷ p50", "persisted in-flight (avg)",
+                   "(max)", "completed / aborted", "unfinished at end", "records/s"], rows, "ll" + "r" * 9)
+
+
+def _vertex_order(v: str) -> tuple[int, str]:
+    return (0 if v == "source" else 1, v)
+
+
+def markdown(r: BenchResults) -> str:
+    s = r.settings
+    out: list[str] = []
+    out.append("# Overtake benchmarks: the FLIP-76 test plan\n")
+    out.append(f"Run {r.started}, {r.seconds / 60:.1f} min, {'quick' if s.quick else 'full'} settings. "
+               f"Command: `{r.command}`. Every comparison below is measured within this run.\n")
+    out.append("## Machine\n")
+    out.append(_table(["", ""], [[k, v] for k, v in r.machine.items()], "ll") + "\n")
+    out.append("## Settings\n")
+    net = s.network()
+    rows = [
+        ["parallelism", str(s.parallelism)],
+        ["slow stage", f"{s.record_cost_ms} ms per record (sleep), keyed count"],
+        ["source", f"SequenceSource, unbounded, as fast as its output takes records; {s.keys} keys, Zipf skew "
+                   f"{s.skew}, {s.payload_bytes} B payload per record"],
+        ["checkpoint interval", f"{s.interval_ms} ms, max 1 concurrent"],
+        ["alignment timeout (aligned_then_unaligned)", f"{s.alignment_timeout_ms} ms"],
+        ["network (runtime defaults = Flink's)", f"{net.buffer_size // 1024} KiB buffers, "
+         f"{net.exclusive_buffers_per_channel} exclusive/channel + {net.floating_buffers_per_gate} floating/gate, "
+         f"≤ {net.max_buffers_per_output_channel} buffers/output channel, flush {net.flush_interval * 1000:.0f} ms"],
+        ["run length, scenarios 1-2", f"{s.backpressure_seconds:g} s each (from the moment all tasks are up)"],
+        ["run length, scenario 3", f"{s.no_backpressure_seconds:g} s each, {s.no_backpressure_repeats} "
+                                   "alternating runs per variant"],
+        ["disk", f"{s.disk_total_mib} MiB per measurement, {s.disk_repeats} alternating repeats"],
+        ["ack bench", f"{s.ack_subtasks} subtasks × {s.ack_checkpoints} checkpoints"],
+        ["coordinator", "PostgreSQL, a fresh database per run; blobs in a local directory"],
+    ]
+    out.append(_table(["setting", "value"], rows, "ll") + "\n")
+    out.append("## Targets\n")
+    tg = targets(r)
+    out.append("| target | measured | status | by how much |\n| --- | --- | --- | --- |")
+    out.append("\n".join(t.row() for t in tg) + "\n")
+    if r.errors:
+        out.append("## Errors\n")
+        out.append("\n".join(f"- **{k}**: {v}" for k, v in r.errors.items()) + "\n")
+
+    if r.backpressure:
+        out.append("## 1. Checkpoint duration under sustained backpressure\n")
+        out.append("fast source → (key_by → slow stage) × depth → sink. End-to-end duration of the checkpoints "
+                   "completed after warm-up (the checkpoints up to the first completed one, which waited for "
+                   "Spark to start the tasks, are left out). `> x` means no checkpoint completed after warm-up: "
+                   "x is the age of the oldest one still pending when the run ended. *Unfinished at end* are "
+                   "checkpoints pending when the run ended; they are not counted as aborted.\n")
+        out.append(checkpoint_table(r) + "\n")
+        if "checkpoint_duration.png" in r.plots:
+            out.append("![checkpoint duration](checkpoint_duration.png)\n")
+        rows = []
+        for x in r.backpressure:
+            if x.policy == "aligned" or not x.breakdown:
+                continue
+            for v in sorted(x.breakdown, key=_vertex_order):
+                b = x.breakdown[v]
+                rows.append([str(x.depth), x.policy or "", v, ms(b.get("start_delay")), ms(b.get("sync")),
+                             ms(b.get("async")), ms(b.get("ack"))])
+        if rows:
+            out.append("Where an unaligned checkpoint's time goes, from the subtasks' own ack metrics (medians "
+                       "over the completed checkpoints after warm-up, per vertex): *barrier* = trigger → first "
+                       "barrier at the subtask, *sync* = snapshot on the barrier, *async* = upload of the blobs and "
+                       "the ack request, *acked* = trigger → ack recorded by the coordinator.\n")
+            out.append(_table(["depth", "policy", "vertex", "barrier", "sync", "async", "acked"], rows,
+                              "lll" + "r" * 4) + "\n")
+        reasons = sorted({f"{x.label}: {a}" for x in r.backpressure for a in x.abort_reasons})
+        if reasons:
+            out.append("Abort reasons: " + "; ".join(reasons) + "\n")
+
+    bp = [x for x in r.backpressure if x.depth == min(s.depths)]
+    if bp and r.no_checkpoints_backpressure:
+        base = r.no_checkpoints_backpressure
+        out.append(f"## 2. Throughput under backpressure (depth {base.depth})\n")
+        out.append("Records per second entering the last slow stage (both subtasks together).\n")
+        rows = [["no checkpoints", f"{base.throughput:,.0f}", "1.00×"]]
+        rows += [[x.policy or "", f"{x.throughput:,.0f}", ratio(x.throughput, base.throughput)] for x in bp]
+        out.append(_table(["policy", "records/s", "vs no checkpoints"], rows) + "\n")
+
+    if r.free:
+        import statistics
+
+        out.append("## 3. Throughput without backpressure\n")
+        out.append("fast source → key_by → keyed count (no sleep) → sink: the pipeline runs as fast as the "
+                   "CPUs allow. Runs alternate between the two variants; the median is compared.\n")
+        rows = []
+        groups: dict[str, list[RunStats]] = {}
+        for x in r.free:
+            groups.setdefault(x.policy or "no checkpoints", []).append(x)
+        base = statistics.median(x.throughput for x in groups.get("no checkpoints", [])) if "no checkpoints" in \
+            groups else None
+        for name, xs in groups.items():
+            med = statistics.median(x.throughput for x in xs)
+            each = ", ".join(f"{x.throughput:,.0f}" for x in xs)
+            extra = f"{sum(x.completed for x in xs)} completed" if name != "no checkpoints" else ""
+            rows.append([name if name == "no checkpoints" else f"{name} every {s.interval_ms} ms",
+                         f"{med:,.0f}", each, ratio(med, base), extra])
+        out.append(_table(["variant", "records/s (median)", "each run", "vs no checkpoints", "checkpoints"],
+                          rows) + "\n")
+        if "throughput.png" in r.plots:
+            out.append("![throughput](throughput.png)\n")
+
+    if r.disk:
+        d = r.disk
+        out.append("## 4. Channel-state write bandwidth\n")
+        out.append(f"Same directory (`{Path(d.directory).name}` in the results folder), measurements alternated. "
+                   f"Raw: one file written sequentially in 4 MiB writes, then fsync. Channel state: the runtime's "
+                   f"`ChannelStateWriter` fed real {d.buffer_bytes:,} B buffers of the benchmark's records over 2 "
+                   f"input and 2 output channels, one blob of {nbytes(d.blob_bytes)} (a subtask's in-flight "
+                   f"capacity with the default sizing) per checkpoint, each written to its own file, fsynced and "
+                   f"renamed into place as the coordinator's file blob store commits an upload.\n")
+        rows = [
+            ["raw sequential write + fsync", f"{d.raw:,.0f}", "100%"],
+            ["channel state: writer → file per blob + fsync", f"{d.channel_state:,.0f}", f"{d.ratio * 100:.0f}%"],
+            ["channel state: writer only (no disk)", f"{d.writer_only:,.0f}",
+             f"{d.writer_only / d.raw * 100:.0f}%" if d.raw else "–"],
+        ]
+        out.append(_table(["measurement", "MiB/s", "vs raw"], rows) + "\n")
+        if d.fsync_per_blob_ms:
+            out.append(f"Mean fsync per blob: {sum(d.fsync_per_blob_ms) / len(d.fsync_per_blob_ms):.2f} ms.\n")
+
+    if r.acks is not None:
+        a = r.acks
+        out.append("## 5. Coordinator ack throughput\n")
+        out.append(f"`benchmarks.acks`: a {a.subtasks:,}-subtask job on PostgreSQL (a fresh database), real HTTP "
+                   f"through uvicorn, {a.checkpoints} checkpoints, a load generator of {a.processes} processes × "
+                   f"{a.concurrency} keep-alive connections; each ack is answered only after its commit.\n")
+        out.append(a.markdown() + "\n")
+        if a.errors:
+            out.append(f"Non-200 responses: {a.errors}\n")
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------------------------ plots
+
+
+def plots(r: BenchResults, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made: list[str] = []
+    colors = {"aligned": "#d62728", "unaligned": "#2ca02c", "aligned_then_unaligned": "#1f77b4"}
+    if r.backpressure:
+        fig, ax = plt.subplots(figsize=(7.5, 4.2))
+        depths = list(r.settings.depths)
+        width = 0.8 / max(1, len(r.settings.policies))
+        for i, pol in enumerate(r.settings.policies):
+            for j, d in enumerate(depths):
+                x = r.run_of(pol, d)
+                if x is None:
+                    continue
+                p50, bound = x.p50_or_bound
+                if p50 is None:
+                    continue
+                pos = j + (i - (len(r.settings.policies) - 1) / 2) * width
+                ax.bar(pos, p50, width, color=colors.get(pol, "grey"), hatch="//" if bound else None,
+                       alpha=0.5 if bound else 0.9, label=pol if j == 0 else None, edgecolor="black", lw=0.4)
+                if x.p90 is not None and not bound:
+                    ax.plot([pos, pos], [p50, x.p90], color="black", lw=1)
+                    ax.plot([pos - width / 4, pos + width / 4], [x.p90, x.p90], color="black", lw=1)
+                ax.annotate(ms(p50, bound), (pos, p50), ha="center", va="bottom", fontsize=7)
+        ax.axhline(100, color="grey", ls="--", lw=0.8)
+        ax.text(len(depths) - 0.5, 100, "100 ms", va="bottom", ha="right", fontsize=7, color="grey")
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(depths)), [f"depth {d}" for d in depths])
+        ax.set_ylabel("end-to-end checkpoint duration, p50 (ms, log)")
+        ax.set_title(f"Checkpoints under backpressure ({r.settings.record_cost_ms:g} ms/record, "
+                     f"parallelism {r.settings.parallelism}); whisker: p90, hatched: lower bound", fontsize=9)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "checkpoint_duration.png", dpi=120)
+        plt.close(fig)
+        made.append("checkpoint_duration.png")
+    if r.backpressure or r.free:
+        import statistics
+
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+        base = r.no_checkpoints_backpressure
+        bp = [x for x in r.backpressure if x.depth == min(r.settings.depths)]
+        names = (["none"] if base else []) + [x.policy or "" for x in bp]
+        vals = ([base.throughput] if base else []) + [x.throughput for x in bp]
+        axes[0].bar(range(len(vals)), vals, color=["grey"] + [colors.get(n, "grey") for n in names[1:]])
+        axes[0].set_xticks(range(len(vals)), [n.replace("aligned_then_unaligned", "a→u") for n in names],
+                           fontsize=8)
+        axes[0].set_title("under backpressure (records/s)", fontsize=9)
+        groups: dict[str, list[float]] = {}
+        for x in r.free:
+            groups.setdefault(x.policy or "none", []).append(x.throughput)
+        names2 = list(groups)
+        vals2 = [statistics.median(v) for v in groups.values()]
+        axes[1].bar(range(len(vals2)), vals2, color=[colors.get(n, "grey") for n in names2])
+        axes[1].set_xticks(range(len(vals2)), names2, fontsize=8)
+        axes[1].set_title("without backpressure (records/s, median)", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(out / "throughput.png", dpi=120)
+        plt.close(fig)
+        made.append("throughput.png")
+    return made
+
+
+def write(r: BenchResults, out: Path) -> Path:
+    """Plots, ``report.md`` and ``results.json`` into ``out``; returns the report's path."""
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        r.plots = plots(r, out)
+    except Exception as e:  # noqa: BLE001 - a report without plots is still a report
+        r.errors["plots"] = f"{type(e).__name__}: {e}"
+    path = out / "report.md"
+    path.write_text(markdown(r))
+    data = {
+        "settings": r.settings.as_dict(), "machine": r.machine, "command": r.command, "started": r.started,
+        "seconds": r.seconds, "backpressure": [x.as_dict() for x in r.backpressure],
+        "no_checkpoints_backpressure": r.no_checkpoints_backpressure.as_dict()
+        if r.no_checkpoints_backpressure else None,
+        "no_backpressure": [x.as_dict() for x in r.free],
+        "disk": r.disk.as_dict() if r.disk else None,
+        "acks": _acks_dict(r.acks), "errors": r.errors,
+        "targets": [t.__dict__ for t in targets(r)],
+    }
+    (out / "results.json").write_text(json.dumps(data, indent=2, default=str))
+    return path
+
+
+def _acks_dict(a: Any) -> dict | None:
+    if a is None:
+        return None
+    from dataclasses import asdict
+
+    return {**asdict(a), "ratio": a.ratio, "completion_p50_ms": a.completion_p50()}
+
+
