@@ -5,9 +5,11 @@
 
 When the Spark barrier stage fails (a subtask's process died, a task raised, a peer vanished), the supervisor
 waits as its :mod:`restart strategy <spark_plugin.restart>` says and opens a new attempt with the coordinator,
-which aborts the pending checkpoints of the failed attempt and returns a verified restore plan. The new attempt
-restores the newest checkpoint completed by this run's attempts (or, before any completed, the checkpoint the
-failed attempt itself restored), falling back past corrupt or missing blobs as the plan says. When the strategy
+which aborts the pending checkpoints of the failed attempt and returns a verified restore plan. First it waits
+until Spark has killed the failed stage's remaining tasks, so no late ack of the old attempt completes a checkpoint
+behind its back. The new attempt restores the newest checkpoint completed by the failed attempt (or, when it
+completed none, the checkpoint the failed attempt itself restored), falling back past corrupt or missing blobs as
+the plan says. When the strategy
 gives up, the job is marked FAILED with a message that says why and which checkpoint it can resume from, and
 :class:`RestartsExhausted` is raised with the same message.
 """
@@ -75,7 +77,6 @@ class Supervisor:
         kwargs.pop("fail_job_on_error", None)
         job_id: int | None = kwargs.pop("job_id", None)
         restore_from = kwargs.pop("restore_from", "latest")
-        first_attempt: int | None = None
         self.restarts = []
         while True:
             try:
@@ -87,11 +88,11 @@ class Supervisor:
                 if e.job_id is None:
                     raise
                 job_id = e.job_id
-                first_attempt = e.attempt if first_attempt is None else first_attempt
                 if self.restarts:
                     self._note_restored(e.restore_plan)
+                _wait_for_tasks_to_end(spark)
                 with OvertakeClient(coordinator, kwargs.get("token")) as client:
-                    resume = self._resume_point(client, job_id, first_attempt, e.restore_plan)
+                    resume = self._resume_point(client, job_id, e.attempt, e.restore_plan)
                     number = len(self.restarts) + 1
                     delay = self.restart.delay_before(number)
                     if delay is None:
@@ -118,12 +119,17 @@ class Supervisor:
             last.fallbacks = [fb.model_dump() for fb in plan.fallbacks]
 
     @staticmethod
-    def _resume_point(client: Any, job_id: int, first_attempt: int | None, plan: Any) -> int | None:
-        """The newest checkpoint completed by this run's attempts, else the one the failed attempt restored."""
-        page = client.list_checkpoints(job_id, status="COMPLETED", limit=50)
-        mine = [c.id for c in page.items if first_attempt is None or c.attempt >= first_attempt]
-        if mine:
-            return max(mine)
+    def _resume_point(client: Any, job_id: int, failed_attempt: int | None, plan: Any) -> int | None:
+        """The newest checkpoint the failed attempt completed, else the checkpoint it had restored.
+
+        Only the failed attempt's own checkpoints descend from what it restored: a checkpoint of an older attempt
+        that completed late (after that attempt was given up) is not on this lineage, and the sinks of the
+        attempts since then have already dropped its pending output.
+        """
+        page = client.list_checkpoints(job_id, status="COMPLETED", limit=100)
+        own = [c.id for c in page.items if c.attempt == failed_attempt]
+        if own:
+            return max(own)
         return plan.checkpoint_id if plan is not None else None
 
     def _give_up_message(self, e: RunFailed, restarts: int, resume: int | None) -> str:
@@ -133,3 +139,19 @@ class Supervisor:
             else "no checkpoint completed, so a new attempt would start from the beginning"
         )
         return f"{e}; gave up after {restarts} restart(s) as {self.restart!r} allows; {where}"
+
+
+def _wait_for_tasks_to_end(spark: Any, timeout: float = 30.0) -> None:
+    """Wait until Spark has no active stage: after a barrier stage failed, its other tasks are being killed, and
+    until they are gone they may still acknowledge (and complete) a checkpoint of the failed attempt."""
+    try:
+        tracker = spark.sparkContext.statusTracker()
+    except Exception:  # noqa: BLE001 - no tracker (e.g. a stand-in session): nothing to wait for
+        return
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if not tracker.getActiveStageIds():
+            return
+        time.sleep(0.05)
+    log.warning("Spark still has active stages %.0fs after the failure; restarting anyway", timeout)
+

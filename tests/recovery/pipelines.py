@@ -101,6 +101,8 @@ def check_exactly_once(rows: list[tuple[int, int, int]], count: int, sources: in
     seen = sum(len(v) for v in by_key.values())
     dup = seen - len({(k, s) for k, v in by_key.items() for _, s in v})
     assert set(by_key) == set(expected), f"keys {sorted(set(expected) ^ set(by_key))} differ"
+    missing = sorted({s for v in expected.values() for s in v} - {s for v in by_key.values() for _, s in v})
+    assert not missing, f"{len(missing)} records lost (never in the sink), e.g. seqs {missing[:20]}"
     for key, got in by_key.items():
         got.sort()
         ns = [n for n, _ in got]

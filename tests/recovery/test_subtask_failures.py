@@ -64,6 +64,8 @@ def run_with_kills(spark, coordinator, name: str, policy: str, sink, pid_dir, se
     assert result.status == "finished"
     assert len(killer.killed) == KILLS, f"only {len(killer.killed)} of {KILLS} kills landed before the run ended"
     assert len(result.restarts) >= KILLS
+    for r in result.restarts:  # each restart restored what the supervisor chose, with no blob passed over
+        assert (r.restored, r.fallbacks) == (r.restore_from, []), r
     with OvertakeClient(coordinator.url) as client:
         job = client.get_job(result.job_id)
     assert job.status.value == "FINISHED"
