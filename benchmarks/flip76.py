@@ -40,11 +40,11 @@ class Settings:
     skew: float = 0.0
     backpressure_seconds: float = 45.0
     """Length of each run of scenarios 1 and 2 (counted from the moment all Spark tasks are up)."""
-    no_backpressure_seconds: float = 20.0
-    no_backpressure_repeats: int = 2
+    no_backpressure_seconds: float = 15.0
+    no_backpressure_repeats: int = 3
     """Scenario 3 alternates runs without and with checkpoints this many times each."""
     disk_total_mib: int = 512
-    disk_repeats: int = 2
+    disk_repeats: int = 3
     ack_subtasks: int = 2000
     ack_checkpoints: int = 10
     pg_admin_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -146,7 +146,8 @@ class RunStats:
     wall_seconds: float = 0.0
     breakdown: dict[str, dict[str, float]] = field(default_factory=dict)
     """Per vertex, medians over completed checkpoints after warm-up of its subtasks' ack metrics (ms): ``ack``
-    (trigger to ack recorded), ``start_delay`` (trigger to first barrier), ``sync``, ``async`` (upload + ack)."""
+    (trigger to ack recorded), ``start_delay`` (trigger to first barrier), ``alignment`` (first to last input
+    barrier), ``sync`` (snapshot), ``async`` (blob uploads + ack request)."""
 
     def pct(self, q: float) -> float | None:
         d = sorted(self.durations_ms)
@@ -228,9 +229,10 @@ def ack_breakdown(client: Any, job_id: int, checkpoints: list, stats: RunStats, 
         except Exception:  # noqa: BLE001 - the breakdown is extra information
             continue
         for st in detail.subtasks:
-            m = per.setdefault(st.vertex, {"ack": [], "start_delay": [], "sync": [], "async": []})
+            m = per.setdefault(st.vertex, {"ack": [], "start_delay": [], "alignment": [], "sync": [], "async": []})
             m["ack"].append(st.ack_timestamp - c.trigger_timestamp)
             m["start_delay"].append(st.start_delay)
+            m["alignment"].append(st.alignment_duration)
             m["sync"].append(st.sync_duration)
             m["async"].append(st.async_duration)
     return {v: {k: float(statistics.median(xs)) for k, xs in m.items() if xs} for v, m in per.items()}
