@@ -141,6 +141,10 @@ class CheckpointActions:
         p = self.pending.get(checkpoint_id)
         if p is None or p.converted:
             return
+        if p.barrier.policy == "aligned":
+            # a barrier sent aligned on purpose (a savepoint, a source's final checkpoint) stays behind its data:
+            # a source ends once its final checkpoint completed, and must not leave overtaken buffers behind
+            return
         with self.lock:
             for ch in self.outputs:
                 overtaken = ch.convert_barrier(checkpoint_id)
