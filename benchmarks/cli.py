@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                 done(f"disk: raw {d.raw:,.0f} MiB/s, channel state {d.channel_state:,.0f} MiB/s "
                      f"({d.ratio * 100:.0f}%)")
 
-            runner = Runner(spark, coordinator.url, s, status) if coordinator else None
+            runner = Runner(spark, coordinator.url, s, status, coordinator.proc.pid) if coordinator else None
             if runs_1:
                 status("", SCENARIOS["checkpoints"] if "checkpoints" in chosen else SCENARIOS["throughput-bp"])
                 for pol, d in runs_1:

@@ -144,6 +144,8 @@ class RunStats:
     """Age, when the run ended, of the oldest checkpoint still pending then: a lower bound of its duration."""
     abort_reasons: list[str] = field(default_factory=list)
     wall_seconds: float = 0.0
+    coordinator_cpu_s: float | None = None
+    """CPU seconds the coordinator process used during the run (user + system, from /proc)."""
     breakdown: dict[str, dict[str, float]] = field(default_factory=dict)
     """Per vertex, medians over completed checkpoints after warm-up of its subtasks' ack metrics (ms): ``ack``
     (trigger to ack recorded), ``start_delay`` (trigger to first barrier), ``alignment`` (first to last input
@@ -238,14 +240,27 @@ def ack_breakdown(client: Any, job_id: int, checkpoints: list, stats: RunStats, 
     return {v: {k: float(statistics.median(xs)) for k, xs in m.items() if xs} for v, m in per.items()}
 
 
+def process_cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of a process, or None where /proc is not available."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class Runner:
     """Runs pipelines on one Spark session against one coordinator and collects their statistics."""
 
-    def __init__(self, spark: Any, url: str, settings: Settings, status: Callable[[str], None] = lambda m: None):
+    def __init__(self, spark: Any, url: str, settings: Settings, status: Callable[[str], None] = lambda m: None,
+                 coordinator_pid: int | None = None):
         self.spark = spark
         self.url = url
         self.s = settings
         self.status = status
+        self.coordinator_pid = coordinator_pid
         self._n = 0
 
     def run(self, scenario: str, label: str, pipeline_factory: Callable[[str], Pipeline], last_vertex: str,
@@ -275,6 +290,7 @@ class Runner:
             outcome["ended"] = int(time.time() * 1000)
 
         started = time.monotonic()
+        cpu0 = process_cpu_seconds(self.coordinator_pid)
         t = threading.Thread(target=target, name=f"bench {name}", daemon=True)
         t.start()
         job_id = None
@@ -299,6 +315,9 @@ class Runner:
             result = outcome["result"]
             stats = RunStats(scenario, label, policy, depth, seconds, job_id=result.job_id,
                              wall_seconds=time.monotonic() - started)
+            cpu1 = process_cpu_seconds(self.coordinator_pid)
+            if cpu0 is not None and cpu1 is not None:
+                stats.coordinator_cpu_s = cpu1 - cpu0
             stats.records = sum(r.records_in for r in result.subtasks if r.vertex == last_vertex)
             stats.throughput = stats.records / seconds
             if policy is not None:

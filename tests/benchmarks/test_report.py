@@ -65,6 +65,8 @@ def test_the_report_has_every_section_the_targets_and_the_plots(tmp_path):
     assert (tmp_path / "checkpoint_duration.png").stat().st_size > 0
     assert (tmp_path / "throughput.png").stat().st_size > 0
     assert (tmp_path / "results.json").exists()
+    readme = (tmp_path / "readme-results.md").read_text()
+    assert readme.startswith("## Results") and "Command: `overtake bench --quick`" in readme
     status = {t.name: t.status for t in targets(r)}
     assert status["depth 1: unaligned p50 ≤ aligned p50 / 20"] == "met"
     assert status["depth 1: unaligned p50 < 100 ms"] == "met"
