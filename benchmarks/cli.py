@@ -1,5 +1,5 @@
-"""``overtake bench [--quick] [--out DIR] [scenario...]``: the FLIP-76 test plan on local Spark, coordinator on
-PostgreSQL, with a markdown report and PNG plots in the results folder.
+"""Run the FLIP-76 test plan on local Spark with the coordinator on PostgreSQL; write a markdown report and PNG
+plots into the results folder.
 
 Scenarios (default: all):
   checkpoints   1. checkpoint duration under sustained backpressure, per policy and shuffle depth
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.flip76 import Runner, Settings, disk_bench, spark_tasks_needed
+from benchmarks.flip76 import POLICIES, Runner, Settings, disk_bench, spark_tasks_needed
 from benchmarks.report import BenchResults, machine_facts, write
 
 SCENARIOS = {
@@ -55,6 +55,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             ap.error(f"unknown scenario {s!r}; choose from {', '.join(SCENARIOS)} (or 1-5)")
         chosen.append(name)
     args.chosen = [s for s in SCENARIOS if s in chosen] if chosen else list(SCENARIOS)
+    if args.policies:
+        bad = [p for p in args.policies.split(",") if p.strip() not in POLICIES]
+        if bad:
+            ap.error(f"unknown policy {bad[0]!r}; choose from {', '.join(POLICIES)}")
     return args
 
 
