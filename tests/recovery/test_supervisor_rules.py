@@ -1,0 +1,110 @@
+"""The supervisor's rules without Spark: which checkpoint a restart restores, and when it gives up."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+import spark_plugin.supervisor as supervisor
+from spark_plugin.execution import RunFailed, RunResult
+from spark_plugin.restart import ExponentialBackoff, FixedDelay
+from spark_plugin.supervisor import RestartsExhausted, Supervisor
+
+
+class FakeClient:
+    """The two coordinator calls the supervisor makes; records ``finish_job``."""
+
+    checkpoints: list = []
+    finished: list = []
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def list_checkpoints(self, job_id, status=None, limit=50):
+        return SimpleNamespace(items=[SimpleNamespace(id=i, attempt=a) for i, a in self.checkpoints])
+
+    def finish_job(self, job_id, status, message, attempt=None):
+        self.finished.append((job_id, status, message, attempt))
+
+
+def plan(checkpoint_id):
+    return SimpleNamespace(checkpoint_id=checkpoint_id, fallbacks=[])
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    import client.sync
+
+    FakeClient.checkpoints, FakeClient.finished = [], []
+    monkeypatch.setattr(client.sync, "OvertakeClient", FakeClient)
+    monkeypatch.setattr(supervisor, "_wait_for_tasks_to_end", lambda spark: None)
+    return FakeClient
+
+
+def scripted(monkeypatch, outcomes):
+    """run_pipeline that fails or succeeds as scripted; records each call's restore_from."""
+    calls = []
+
+    def run(pipeline, spark, coordinator, *, job_id, restore_from, fail_job_on_error, **kwargs):
+        assert fail_job_on_error is False
+        calls.append(restore_from)
+        outcome = outcomes[len(calls) - 1]
+        if isinstance(outcome, RunFailed):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(supervisor, "run_pipeline", run)
+    return calls
+
+
+def test_a_restart_restores_the_failed_attempts_newest_checkpoint_not_a_late_one_of_an_older_attempt(
+    fake, monkeypatch
+):
+    # attempt 2 restored 5 and completed 7 and 8; checkpoint 9 of attempt 1 completed late, off the lineage
+    fake.checkpoints = [(9, 1), (8, 2), (7, 2), (5, 1)]
+    calls = scripted(monkeypatch, [RunFailed("boom", 1, 2, plan(5)), RunResult(1, 3, "finished")])
+    result = Supervisor(object(), FixedDelay(3, 0.0), sleep=lambda s: None).run(None, "http://c", restore_from=5)
+    assert calls == [5, 8]
+    assert result.status == "finished" and [r.restore_from for r in result.restarts] == [8]
+
+
+def test_an_attempt_that_completed_no_checkpoint_restarts_from_what_it_restored(fake, monkeypatch):
+    fake.checkpoints = [(12, 1), (4, 1)]  # a newer checkpoint exists, but attempt 3 started from savepoint 4
+    calls = scripted(monkeypatch, [RunFailed("boom", 1, 3, plan(4)), RunResult(1, 4, "finished")])
+    Supervisor(object(), FixedDelay(1, 0.0), sleep=lambda s: None).run(None, "http://c", job_id=1, restore_from=4)
+    assert calls == [4, 4]
+
+
+def test_backoff_delays_are_slept_between_restarts(fake, monkeypatch):
+    slept = []
+    failures = [RunFailed(f"boom {a}", 1, a, plan(None)) for a in (1, 2, 3)]
+    scripted(monkeypatch, [*failures, RunResult(1, 4, "finished")])
+    Supervisor(object(), ExponentialBackoff(initial=0.5, max_delay=1.5), sleep=slept.append).run(None, "http://c")
+    assert slept == [0.5, 1.0, 1.5]
+
+
+def test_exhausted_restarts_fail_the_job_with_the_reason_and_the_checkpoint_to_resume_from(fake, monkeypatch):
+    fake.checkpoints = [(6, 2)]
+    scripted(monkeypatch, [RunFailed("job 1 attempt 1: worker died", 1, 1, plan(None)),
+                           RunFailed("job 1 attempt 2: worker died again", 1, 2, plan(None))])
+    with pytest.raises(RestartsExhausted) as e:
+        Supervisor(object(), FixedDelay(1, 0.0), sleep=lambda s: None).run(None, "http://c")
+    message = (
+        "job 1 attempt 2: worker died again; gave up after 1 restart(s) as FixedDelay(max_restarts=1, delay=0.0) "
+        "allows; it can resume from checkpoint 6 (run it with job_id=1, restore_from=6)"
+    )
+    assert str(e.value) == message and e.value.resume_from == 6
+    assert fake.finished == [(1, "FAILED", message, 2)]
+
+
+def test_a_failure_before_the_job_exists_is_not_restarted(fake, monkeypatch):
+    scripted(monkeypatch, [RunFailed("no job", None, None)])
+    with pytest.raises(RunFailed, match="no job"):
+        Supervisor(object(), FixedDelay(5, 0.0), sleep=lambda s: None).run(None, "http://c")
