@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = len(runs_1) + (1 if "throughput-bp" in chosen else 0)
     steps += 2 * s.no_backpressure_repeats if "throughput" in chosen else 0
     steps += ("disk" in chosen) + ("acks" in chosen) + (2 if need_spark else 0)
+    steps += len(s.depths) if "checkpoints" in chosen else 0
 
     progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.fields[scenario]}"), BarColumn(bar_width=24),
                         MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
@@ -172,6 +173,18 @@ def main(argv: list[str] | None = None) -> int:
                     p50_text = "none completed" if p50 is None else f"{'>' if bound else ''}{p50:,.0f} ms"
                     done(f"{x.label}: p50 {p50_text}, {x.completed} completed, "
                          f"{x.aborted} aborted, {x.unfinished} unfinished, {x.throughput:,.0f} records/s")
+            if "checkpoints" in chosen:
+                from benchmarks.ackpath import measure
+
+                status("", "1. ack-path floor (no pipeline)")
+                for d in s.depths:
+                    n = s.parallelism * (d + 1)
+                    un = results.run_of("unaligned", d)
+                    per = int(un.persisted_avg / n) if un and un.persisted_avg else 256 << 10
+                    status(f"{n} subtasks x (2 uploads + ack), {s.ack_path_rounds} checkpoints")
+                    a = measure(coordinator.url, n, s.ack_path_rounds, max(per, 1024))
+                    results.ack_path.append(a)
+                    done(f"ack path, {n} subtasks: all acked p50 {a.p50:,.0f} ms")
             if "throughput-bp" in chosen:
                 status("", SCENARIOS["throughput-bp"])
                 x = runner.backpressured(None, min(s.depths))

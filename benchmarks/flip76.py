@@ -45,6 +45,8 @@ class Settings:
     """Scenario 3 alternates runs without and with checkpoints this many times each."""
     disk_total_mib: int = 512
     disk_repeats: int = 3
+    ack_path_rounds: int = 20
+    """Checkpoints of the ack-path floor measurement (per depth: as many subtasks as that pipeline has)."""
     ack_subtasks: int = 2000
     ack_checkpoints: int = 10
     pg_admin_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -53,7 +55,7 @@ class Settings:
     def quick_settings(cls, **over: Any) -> Settings:
         base = dict(
             quick=True, backpressure_seconds=10.0, no_backpressure_seconds=6.0, no_backpressure_repeats=1,
-            disk_total_mib=64, disk_repeats=1, ack_subtasks=500, ack_checkpoints=3,
+            disk_total_mib=64, disk_repeats=1, ack_subtasks=500, ack_checkpoints=3, ack_path_rounds=6,
         )
         base.update(over)
         return cls(**base)

@@ -24,6 +24,7 @@ class BenchResults:
     free: list[RunStats] = field(default_factory=list)
     disk: DiskStats | None = None
     acks: Any = None
+    ack_path: list = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
     plots: list[str] = field(default_factory=list)
 
@@ -293,6 +294,23 @@ def markdown(r: BenchResults) -> str:
                        "request, *acked* = trigger → ack recorded by the coordinator.\n")
             out.append(_table(["depth", "policy", "vertex", "first barrier", "last barrier", "sync", "async",
                                "acked"], rows, "lll" + "r" * 5) + "\n")
+        if r.ack_path:
+            out.append("**Floor of the ack path** (`benchmarks/ackpath.py`, no pipeline): for each depth, as many "
+                       "threads as that pipeline has subtasks do, at once, what every subtask does after its "
+                       "barrier — upload the operator-state blob, upload a channel-state blob (the unaligned run's "
+                       "mean persisted bytes per subtask), ack — against the same coordinator. *All acked* is the "
+                       "shortest checkpoint those subtasks can have on this machine, whatever the barriers do.\n")
+            rows = []
+            for a in r.ack_path:
+                d = a.as_dict()
+                depth = a.subtasks // s.parallelism - 1
+                un = r.run_of("unaligned", depth)
+                rows.append([str(depth), str(a.subtasks), nbytes(a.channel_blob_bytes), ms(a.p50),
+                             ms(d["operator_upload_p50"]), ms(d["channel_upload_p50"]), ms(d["ack_p50"]),
+                             ms(un.p50) if un else "–", ratio(a.p50, un.p50) if un else "–"])
+            out.append(_table(["depth", "subtasks", "channel blob", "all acked p50", "operator upload p50",
+                               "channel upload p50", "ack p50", "unaligned checkpoint p50", "floor ÷ checkpoint"],
+                              rows) + "\n")
         reasons = sorted({f"{x.label}: {a}" for x in r.backpressure for a in x.abort_reasons})
         if reasons:
             out.append("Abort reasons: " + "; ".join(reasons) + "\n")
@@ -388,6 +406,11 @@ def readme_section(r: BenchResults, plot_path: str = "checkpoint_duration.png") 
                    "warm-up left out; `> x`: none completed, x is the age of the one still pending at the end):\n")
         out.append(checkpoint_table(r) + "\n")
         out.append(f"![checkpoint duration by policy and shuffle depth]({plot_path})\n")
+        if r.ack_path:
+            floors = ", ".join(f"{ms(a.p50)} for {a.subtasks} subtasks (depth {a.subtasks // s.parallelism - 1})"
+                               for a in r.ack_path)
+            out.append(f"Floor of the ack path alone (every subtask uploads its two blobs and acks, no pipeline): "
+                       f"{floors}.\n")
     rows = []
     base = r.no_checkpoints_backpressure
     if base:
@@ -505,7 +528,7 @@ def write(r: BenchResults, out: Path) -> Path:
         if r.no_checkpoints_backpressure else None,
         "no_backpressure": [x.as_dict() for x in r.free],
         "disk": r.disk.as_dict() if r.disk else None,
-        "acks": _acks_dict(r.acks), "errors": r.errors,
+        "acks": _acks_dict(r.acks), "ack_path": [a.as_dict() for a in r.ack_path], "errors": r.errors,
         "targets": [t.__dict__ for t in targets(r)],
     }
     (out / "results.json").write_text(json.dumps(data, indent=2, default=str))

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from benchmarks import cli
+from benchmarks.ackpath import AckPathStats
 from benchmarks.flip76 import DiskStats, RunStats, Settings, checkpoint_stats
 from benchmarks.report import BenchResults, markdown, targets, write
 
@@ -50,6 +51,7 @@ def _results(quick=True) -> BenchResults:
     r.no_checkpoints_backpressure = RunStats("backpressure", "none", None, 1, 10, throughput=1550)
     r.free = [RunStats("free", "none", None, 1, 5, throughput=100_000),
               RunStats("free", "unaligned", "unaligned", 1, 5, throughput=97_000, completed=4)]
+    r.ack_path = [AckPathStats(4, 2, 1024, [90.0, 110.0], [30.0], [40.0], [20.0])]
     r.disk = DiskStats("disk", 1 << 20, 1 << 20, 32 << 10, [200.0], [120.0], [900.0], [3.0])
     return r
 
@@ -60,7 +62,8 @@ def test_the_report_has_every_section_the_targets_and_the_plots(tmp_path):
     text = path.read_text()
     for section in ("## Machine", "## Settings", "## Targets", "## 1. Checkpoint duration",
                     "## 2. Throughput under backpressure", "## 3. Throughput without backpressure",
-                    "## 4. Channel-state write bandwidth", "Where an unaligned checkpoint's time goes"):
+                    "## 4. Channel-state write bandwidth", "Where an unaligned checkpoint's time goes",
+                    "Floor of the ack path"):
         assert section in text, section
     assert (tmp_path / "checkpoint_duration.png").stat().st_size > 0
     assert (tmp_path / "throughput.png").stat().st_size > 0
