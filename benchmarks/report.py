@@ -471,7 +471,13 @@ def plots(r: BenchResults, out: Path) -> list[str]:
                     ax.plot([pos - width / 4, pos + width / 4], [x.p90, x.p90], color="black", lw=1)
                 ax.annotate(ms(p50, bound), (pos, p50), ha="center", va="bottom", fontsize=7)
         ax.axhline(100, color="grey", ls="--", lw=0.8)
-        ax.text(len(depths) - 0.5, 100, "100 ms", va="bottom", ha="right", fontsize=7, color="grey")
+        ax.text(-0.45, 100, "100 ms", va="bottom", ha="left", fontsize=7, color="grey")
+        for k, a in enumerate(r.ack_path):
+            depth = a.subtasks // r.settings.parallelism - 1
+            if depth in depths and a.p50:
+                j = depths.index(depth)
+                ax.plot([j - 0.42, j + 0.42], [a.p50, a.p50], color="black", ls=":", lw=1.2,
+                        label="ack path alone (no pipeline)" if k == 0 else None)
         ax.set_yscale("log")
         ax.set_xticks(range(len(depths)), [f"depth {d}" for d in depths])
         ax.set_ylabel("end-to-end checkpoint duration, p50 (ms, log)")
