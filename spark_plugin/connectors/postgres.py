@@ -55,6 +55,8 @@ class PostgresSink(Sink):
         super().open(subtask_index, parallelism)
         self._conn = psycopg.connect(self.dsn)
         with self._conn.transaction():
+            # Subtasks open at the same time: CREATE TABLE IF NOT EXISTS alone races on PostgreSQL's catalog.
+            self._conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (MARKERS,))
             self._conn.execute(
                 f"CREATE TABLE IF NOT EXISTS {MARKERS} (sink text NOT NULL, subtask int NOT NULL, "
                 "checkpoint_id bigint NOT NULL, committed_at timestamptz NOT NULL DEFAULT now(), "
