@@ -38,7 +38,7 @@ class Settings:
     payload_bytes: int = 100
     keys: int = 128
     skew: float = 0.0
-    backpressure_seconds: float = 45.0
+    backpressure_seconds: float = 40.0
     """Length of each run of scenarios 1 and 2 (counted from the moment all Spark tasks are up)."""
     no_backpressure_seconds: float = 15.0
     no_backpressure_repeats: int = 3
