@@ -52,6 +52,18 @@ def _digest(opener, path) -> str | None:
         return None
 
 
+def _durable_move(src: Path, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(src, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(src, dest)
+    dir_fd = os.open(dest.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
 def new_blob_id() -> str:
     return uuid.uuid4().hex
 
@@ -129,16 +141,8 @@ class FileBlobStore(_Base):
         return self.root / key
 
     async def commit(self, staged: Staged, key: str) -> None:
-        dest = self._path(key)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with open(staged.path, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(staged.path, dest)
-        dir_fd = os.open(dest.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        # fsync the file, move it into place, fsync the directory: off the event loop, which serves the acks.
+        await asyncio.to_thread(_durable_move, staged.path, self._path(key))
 
     async def size(self, key: str) -> int | None:
         try:
