@@ -31,35 +31,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spark_plugin.failure_injection import Announce, announce
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # ------------------------------------------------------------------------------------------- pipeline parts
-
-
-def _announce(pid_dir: str) -> None:
-    from pyspark import BarrierTaskContext
-
-    ctx = BarrierTaskContext.get()
-    name = f"{ctx.stageId():06d}-{ctx.partitionId()}.pid"
-    if _announced.get(name) != os.getpid():
-        path = Path(pid_dir) / name
-        path.with_suffix(".tmp").write_text(str(os.getpid()))
-        os.replace(path.with_suffix(".tmp"), path)
-        _announced[name] = os.getpid()
-
-
-_announced: dict[str, int] = {}
-
-
-class Announce:
-    """Pass-through map that writes its Spark task's worker pid, so the benchmark can kill it."""
-
-    def __init__(self, pid_dir: str) -> None:
-        self.pid_dir = pid_dir
-
-    def __call__(self, record):
-        _announce(self.pid_dir)
-        return record
 
 
 class SlowCount:
@@ -70,7 +46,7 @@ class SlowCount:
         self.delay = delay
 
     def __call__(self, key, record, state):
-        _announce(self.pid_dir)
+        announce(self.pid_dir)
         time.sleep(self.delay)
         n = (state.value() or 0) + 1
         state.update(n)

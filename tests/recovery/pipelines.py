@@ -20,39 +20,12 @@ from collections import defaultdict
 from pathlib import Path
 
 from spark_plugin.config import NetworkConfig
+from spark_plugin.failure_injection import Announce, announce
 from spark_plugin.pipeline import Pipeline
 from spark_plugin.sources import SequenceSource
 
 SMALL_BUFFERS = NetworkConfig(buffer_size=1024)
 KEYS = 16
-
-
-def _announce(pid_dir: str) -> None:
-    """Write this worker's pid for the current Spark task (once per task)."""
-    from pyspark import BarrierTaskContext
-
-    ctx = BarrierTaskContext.get()
-    name = f"{ctx.stageId():06d}-{ctx.partitionId()}.pid"
-    path = Path(pid_dir) / name
-    if _announced.get(name) != os.getpid():
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(str(os.getpid()))
-        os.replace(tmp, path)
-        _announced[name] = os.getpid()
-
-
-_announced: dict[str, int] = {}
-
-
-class Announce:
-    """A pass-through map that announces its task's pid."""
-
-    def __init__(self, pid_dir: str) -> None:
-        self.pid_dir = pid_dir
-
-    def __call__(self, record):
-        _announce(self.pid_dir)
-        return record
 
 
 class CountPerKey:
@@ -63,7 +36,7 @@ class CountPerKey:
         self.delay = delay
 
     def __call__(self, key, record, state):
-        _announce(self.pid_dir)
+        announce(self.pid_dir)
         time.sleep(self.delay)
         n = (state.value() or 0) + 1
         state.update(n)
