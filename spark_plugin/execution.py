@@ -259,6 +259,7 @@ def run_task(bundle: TaskBundle, _partition: Any):
         bundle.plan, spec, SdkReporter(client, who), events, bundle.network, bundle.attempt, deadline,
         bundle.stop_after_checkpoints,
     )
+    subtask.rewind(bundle.job_id, bundle.restore_checkpoint)
     part = bundle.restore.get((spec.vertex, spec.subtask_index))
     if bundle.restore_checkpoint is not None and part is not None:
         from spark_plugin.restore import restore_subtask

@@ -45,6 +45,9 @@ class Operator:
     def restore(self, state: Any) -> None:
         """Load this subtask's part of a snapshot (for keyed state: the key groups in its range)."""
 
+    def rewind(self, job_id: int, checkpoint_id: int | None) -> None:
+        """A new attempt of job ``job_id`` starts from ``checkpoint_id`` (None: from scratch); before ``restore``."""
+
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` completed (sinks commit here)."""
 
@@ -226,6 +229,9 @@ class SinkOperator(Operator):
 
     def snapshot(self, checkpoint_id: int) -> Any:
         return self.sink.snapshot(checkpoint_id)
+
+    def rewind(self, job_id: int, checkpoint_id: int | None) -> None:
+        self.sink.rewind(job_id, checkpoint_id)
 
     def restore(self, state: Any) -> None:
         if state is not None:

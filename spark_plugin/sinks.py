@@ -13,9 +13,15 @@ class Sink:
 
     A sink that makes its output visible only when a checkpoint completes sets ``commits_on_checkpoints``:
     the sources of its pipeline then end with a final checkpoint, so a bounded run commits all its output.
+
+    Every attempt calls ``rewind`` first, before ``restore`` and before any record: the job runs again from a
+    checkpoint, so a sink that already made output of a later checkpoint visible (a restore that fell back past
+    a corrupt checkpoint, or one started from an older checkpoint by name) withdraws it there, since the attempt
+    produces it again.
     """
 
     commits_on_checkpoints = False
+    job_id: int = 0
 
     def open(self, subtask_index: int, parallelism: int) -> None:
         self.subtask_index = subtask_index
@@ -26,6 +32,16 @@ class Sink:
 
     def snapshot(self, checkpoint_id: int) -> Any:
         return None
+
+    def rewind(self, job_id: int, checkpoint_id: int | None) -> None:
+        """The attempt of job ``job_id`` starts from ``checkpoint_id`` (None: from the start of its input).
+
+        Output this sink committed for the job's checkpoints after ``checkpoint_id`` is produced again by this
+        attempt: an externally visible sink withdraws it here. Called once per subtask, on every attempt, and
+        before any checkpoint of the attempt can complete (it needs this subtask's acknowledgement), so nothing
+        the attempt commits can be withdrawn.
+        """
+        self.job_id = job_id
 
     def restore(self, state: Any) -> None:
         pass

@@ -317,6 +317,12 @@ class Subtask(CheckpointActions, CoordinatorEventHandling):
             if ch.error is not None:
                 raise SubtaskFailed(f"output channel {ch.info.name} broke: {ch.error}")
 
+    def rewind(self, job_id: int, checkpoint_id: int | None) -> None:
+        """An attempt of ``job_id`` starts from ``checkpoint_id``: before ``restore``, before the loop (sinks
+        withdraw output of later checkpoints that they committed, since this attempt produces it again)."""
+        for op in self.operators:
+            op.rewind(job_id, checkpoint_id)
+
     def run(self) -> SubtaskResult:
         """Run until the input ends, the job is cancelled, or the deadline passes."""
         self.start_events()

@@ -28,6 +28,7 @@ class ThreadedRun:
         restore: dict[tuple[str, int], dict] | None = None,
         fetch: FetchBlob | None = None,
         restore_checkpoint: int | None = None,
+        job_id: int = 0,
     ) -> None:
         self.plan = pipeline.plan()
         self.specs = task_specs(self.plan)
@@ -37,6 +38,7 @@ class ThreadedRun:
             for s in self.specs
         ]
         for st in self.subtasks:
+            st.rewind(job_id, restore_checkpoint)  # as every attempt does: sinks withdraw what is produced again
             part = (restore or {}).get((st.spec.vertex, st.spec.subtask_index))
             if part is not None:
                 assert fetch is not None, "a restore needs a blob fetcher"

@@ -149,8 +149,9 @@ class FileSink(Sink):
 
     Records go to an in-progress file under ``directory/.inprogress``; a snapshot closes it into
     ``directory/.pending`` (its name carries the checkpoint id); ``checkpoint.completed`` renames pending files
-    into ``directory`` as ``part-<subtask>-<checkpoint>.jsonl``. A restore commits the files of the restored
-    checkpoint and deletes the leftovers of the failed attempt, so every record appears exactly once.
+    into ``directory`` as ``part-<job>-<subtask>-<checkpoint>.jsonl``. A restore commits the files of the restored
+    checkpoint; ``rewind`` deletes the failed attempt's leftovers and withdraws (deletes) committed files of
+    checkpoints after the restored one, which the new attempt writes again. So every record appears exactly once.
     """
 
     commits_on_checkpoints = True
@@ -162,6 +163,7 @@ class FileSink(Sink):
         self._handle = None
         self._count = 0
         self.committed: list[str] = []
+        self.withdrawn: list[str] = []
 
     def open(self, subtask_index: int, parallelism: int) -> None:
         super().open(subtask_index, parallelism)
@@ -171,7 +173,7 @@ class FileSink(Sink):
         self._run = uuid.uuid4().hex[:8]
 
     def _inprogress(self) -> Path:
-        return self.root / ".inprogress" / f"part-{self.subtask_index}-{self._run}.jsonl"
+        return self.root / ".inprogress" / f"part-{self.job_id}-{self.subtask_index}-{self._run}.jsonl"
 
     def write(self, record: Any) -> None:
         if self._handle is None:
@@ -184,7 +186,7 @@ class FileSink(Sink):
         if self._handle is not None:
             self._handle.close()
             self._handle = None
-            name = f"part-{self.subtask_index}-{checkpoint_id:08d}.jsonl"
+            name = f"part-{self.job_id}-{self.subtask_index}-{checkpoint_id:08d}.jsonl"
             os.replace(self._inprogress(), self.root / ".pending" / name)
             self.pending.append((checkpoint_id, name))
         return {"pending": list(self.pending)}
@@ -205,19 +207,39 @@ class FileSink(Sink):
                 keep.append((cid, name))
         self.pending = keep
 
+    def _files_of_job(self, directory: Path, job_id: int):
+        """``(path, subtask, checkpoint-or-run)`` of this job's part files in ``directory``."""
+        for f in directory.glob(f"part-{job_id}-*.jsonl"):
+            parts = f.name[: -len(".jsonl")].split("-")
+            if len(parts) == 4 and parts[2].isdigit():
+                yield f, int(parts[2]), parts[3]
+
+    def rewind(self, job_id: int, checkpoint_id: int | None) -> None:
+        """Withdraw committed files of the job's checkpoints after ``checkpoint_id``; delete the failed
+        attempt's pending and in-progress files of this subtask (and of subtasks that no longer exist)."""
+        super().rewind(job_id, checkpoint_id)
+        after = -1 if checkpoint_id is None else checkpoint_id
+        for f, _, cid in self._files_of_job(self.root, job_id):
+            if cid.isdigit() and int(cid) > after:
+                f.unlink(missing_ok=True)  # another subtask of the sink may withdraw it at the same time
+                self.withdrawn.append(f.name)
+        # other live subtasks of this attempt may already write and snapshot: only touch files nobody owns now
+        ours = lambda sub: sub == self.subtask_index or sub >= self.parallelism  # noqa: E731
+        for f, sub, cid in self._files_of_job(self.root / ".pending", job_id):
+            if ours(sub) and cid.isdigit() and int(cid) > after:
+                f.unlink(missing_ok=True)
+        for f, sub, _ in self._files_of_job(self.root / ".inprogress", job_id):
+            if ours(sub):
+                f.unlink(missing_ok=True)
+
     def restore(self, state: Any) -> None:
-        restored = {name for _, name in state["pending"]}
-        for name in sorted(restored):
+        for name in sorted({name for _, name in state["pending"]}):
             self._commit(name)  # part of a completed checkpoint: visible now
         self.pending = []
-        prefix = f"part-{self.subtask_index}-"
-        for d in (self.root / ".pending", self.root / ".inprogress"):
-            for f in d.iterdir():
-                if f.name.startswith(prefix) and f.name not in restored:
-                    f.unlink()  # work of the failed attempt after the restored checkpoint
 
     def close(self) -> Any:
         if self._handle is not None:
             self._handle.close()
             self._handle = None
-        return {"written": self._count, "committed": list(self.committed), "pending": list(self.pending)}
+        return {"written": self._count, "committed": list(self.committed), "pending": list(self.pending),
+                "withdrawn": list(self.withdrawn)}

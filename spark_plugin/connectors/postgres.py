@@ -2,18 +2,27 @@
 
 Rows written between two checkpoints are kept with the snapshot (they are part of operator state), and
 ``checkpoint.completed`` inserts them in one transaction together with a commit marker
-``(sink, subtask, checkpoint_id)`` in ``overtake_sink_commits``. A commit repeated after a restore finds its
+``(sink, job, subtask, checkpoint)`` in ``overtake_sink_commits``. A commit repeated after a restore finds its
 marker and changes nothing, so every row lands exactly once.
+
+A restore that goes back past a committed checkpoint (a fallback past a corrupt checkpoint, or a start from an
+older checkpoint or savepoint by name) produces that checkpoint's output again. The sink withdraws the old copy
+first, in one transaction: the marker keeps the id of the transaction that inserted the rows (PostgreSQL's
+``xmin`` of each row it inserted) and how many it inserted, so the rows are found without a column of the
+sink's own in the table, and the delete is checked against the count before it commits.
 """
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from spark_plugin.sinks import Sink
 
 MARKERS = "overtake_sink_commits"
+log = logging.getLogger(__name__)
 
 
 def _ident(name: str) -> str:
@@ -22,11 +31,15 @@ def _ident(name: str) -> str:
     return sql.Identifier(*name.split(".")).as_string(None)
 
 
+class RewindRefused(RuntimeError):
+    """Withdrawing committed output would delete rows the sink did not write; nothing was deleted."""
+
+
 class PostgresSink(Sink):
     """Inserts ``to_row(record)`` into ``table (columns...)``, committed on checkpoint completion.
 
     ``dsn`` is a libpq connection string or ``postgresql://`` URL; ``name`` identifies this sink's commit
-    markers (default: the table name) and must be unique among the jobs writing to the database.
+    markers within a job (default: the table name).
     """
 
     commits_on_checkpoints = True
@@ -47,21 +60,34 @@ class PostgresSink(Sink):
         self.buffer: list[tuple] = []
         self.pending: list[tuple[int, list[tuple]]] = []
         self.committed_rows = 0
+        self.withdrawn_rows = 0
+        self.withdrawn_checkpoints: list[int] = []
         self._conn = None
 
     def open(self, subtask_index: int, parallelism: int) -> None:
         import psycopg
 
         super().open(subtask_index, parallelism)
-        self._conn = psycopg.connect(self.dsn)
+        # autocommit: every transaction is an explicit BEGIN..COMMIT with no savepoints, so the rows a commit
+        # inserts carry that transaction's id as their xmin
+        self._conn = psycopg.connect(self.dsn, autocommit=True)
         with self._conn.transaction():
             # Subtasks open at the same time: CREATE TABLE IF NOT EXISTS alone races on PostgreSQL's catalog.
             self._conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (MARKERS,))
             self._conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {MARKERS} (sink text NOT NULL, subtask int NOT NULL, "
-                "checkpoint_id bigint NOT NULL, committed_at timestamptz NOT NULL DEFAULT now(), "
-                "PRIMARY KEY (sink, subtask, checkpoint_id))"
+                f"CREATE TABLE IF NOT EXISTS {MARKERS} (sink text NOT NULL, job_id bigint NOT NULL, "
+                "subtask int NOT NULL, checkpoint_id bigint NOT NULL, xact xid8 NOT NULL, row_count int NOT NULL, "
+                "committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (sink, job_id, subtask, checkpoint_id))"
             )
+            has = self._conn.execute(
+                "SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname IN ('job_id', 'xact')",
+                (MARKERS,),
+            ).fetchone()
+            if has is None or has[0] != 2:
+                raise RuntimeError(
+                    f"table {MARKERS} has the layout of an earlier Overtake version (no job_id/xact columns); "
+                    "drop it (it only holds commit markers) and run again"
+                )
 
     def write(self, record: Any) -> None:
         self.buffer.append(tuple(self.to_row(record)))
@@ -78,9 +104,9 @@ class PostgresSink(Sink):
         marks = ", ".join(["%s"] * len(self.columns))
         with self._conn.transaction():
             cur = self._conn.execute(
-                f"INSERT INTO {MARKERS} (sink, subtask, checkpoint_id) VALUES (%s, %s, %s) "
-                "ON CONFLICT DO NOTHING RETURNING checkpoint_id",
-                (self.name, self.subtask_index if subtask is None else subtask, checkpoint_id),
+                f"INSERT INTO {MARKERS} (sink, job_id, subtask, checkpoint_id, xact, row_count) "
+                "VALUES (%s, %s, %s, %s, pg_current_xact_id(), %s) ON CONFLICT DO NOTHING RETURNING checkpoint_id",
+                (self.name, self.job_id, self.subtask_index if subtask is None else subtask, checkpoint_id, len(rows)),
             )
             if cur.fetchone() is None:
                 return  # committed before (by the attempt that failed after committing)
@@ -97,6 +123,58 @@ class PostgresSink(Sink):
                 keep.append((cid, rows))
         self.pending = keep
 
+    def rewind(self, job_id: int, checkpoint_id: int | None) -> None:
+        """Delete the rows this sink committed for the job's checkpoints after ``checkpoint_id``, in one
+        transaction, checked against the markers' row counts; idempotent (every subtask of the sink calls it)."""
+        super().rewind(job_id, checkpoint_id)
+        assert self._conn is not None
+        after = -1 if checkpoint_id is None else checkpoint_id
+        with self._conn.transaction():
+            self._conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s), %s)", (f"{MARKERS}:{self.name}", job_id % 2**31))
+            commits = self._conn.execute(
+                f"SELECT checkpoint_id, xact::text, row_count FROM {MARKERS} "
+                "WHERE sink = %s AND job_id = %s AND checkpoint_id > %s FOR UPDATE",
+                (self.name, job_id, after),
+            ).fetchall()
+            if not commits:
+                return
+            expected: Counter[str] = Counter()
+            for _, xact, rows in commits:
+                expected[str(int(xact) % 2**32)] += rows  # xmin is the low 32 bits of the 64-bit transaction id
+            deleted = Counter(
+                r[0]
+                for r in self._conn.execute(
+                    f"DELETE FROM {_ident(self.table)} WHERE xmin = ANY(%s::text[]::xid[]) RETURNING xmin::text",
+                    (sorted(expected),),
+                ).fetchall()
+            )
+            checkpoints = sorted({c for c, _, _ in commits})
+            extra = {x: n - expected[x] for x, n in deleted.items() if n > expected[x]}
+            if extra:
+                raise RewindRefused(
+                    f"{type(self).__name__} {self.name!r} (job {job_id}): withdrawing the output of checkpoints "
+                    f"{checkpoints} would delete {sum(extra.values())} more rows of {self.table} than their commits "
+                    "inserted; nothing was deleted"
+                )
+            missing = sum(expected.values()) - sum(deleted.values())
+            if missing:
+                log.warning(
+                    "%s %r (job %s): %d rows committed for checkpoints %s were changed or deleted since; "
+                    "withdrew the %d still there", type(self).__name__, self.name, job_id, missing, checkpoints,
+                    sum(deleted.values()),
+                )
+            self._conn.execute(
+                f"DELETE FROM {MARKERS} WHERE sink = %s AND job_id = %s AND checkpoint_id > %s",
+                (self.name, job_id, after),
+            )
+        self.withdrawn_rows += sum(deleted.values())
+        self.withdrawn_checkpoints = sorted(set(self.withdrawn_checkpoints) | set(checkpoints))
+        log.warning(
+            "%s %r (job %s) restarts from %s: withdrew %d committed rows of checkpoints %s, which this attempt "
+            "writes again", type(self).__name__, self.name, job_id,
+            "the start" if checkpoint_id is None else f"checkpoint {checkpoint_id}", sum(deleted.values()), checkpoints,
+        )
+
     def restore(self, state: Any) -> None:
         for cid, rows in state["pending"]:  # part of a completed checkpoint, written by subtask state["subtask"]
             self._commit(cid, [tuple(r) for r in rows], state.get("subtask"))
@@ -106,4 +184,9 @@ class PostgresSink(Sink):
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-        return {"committed_rows": self.committed_rows, "uncommitted_rows": len(self.buffer)}
+        return {
+            "committed_rows": self.committed_rows,
+            "uncommitted_rows": len(self.buffer),
+            "withdrawn_rows": self.withdrawn_rows,
+            "withdrawn_checkpoints": self.withdrawn_checkpoints,
+        }

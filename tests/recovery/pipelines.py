@@ -5,7 +5,8 @@ counting stage that emits ``(key, seq, n)`` where ``n`` is the key's count so fa
 for every key, ``n`` runs 1..count without gaps or repeats, every expected ``seq`` appears once, and the records
 of one source subtask keep their order (``seq`` grows with ``n``).
 
-Every Spark task announces its Python worker's pid in ``pid_dir/<stage>-<partition>.pid`` (the stage id grows
+With ``held=True`` the sources keep their last tenth until the killer made all its kills, so a run cannot end
+before them. Every Spark task announces its Python worker's pid in ``pid_dir/<stage>-<partition>.pid`` (the stage id grows
 with every attempt), so a test can SIGKILL a subtask's process while it runs.
 """
 
@@ -26,6 +27,7 @@ from spark_plugin.sources import SequenceSource
 
 SMALL_BUFFERS = NetworkConfig(buffer_size=1024)
 KEYS = 16
+RELEASE = "killer-done"
 
 
 class CountPerKey:
@@ -43,10 +45,48 @@ class CountPerKey:
         return [(key, record[1], n)]
 
 
-def keyed_counter(name: str, count: int | None, sink, pid_dir: str | Path, delay: float = 0.0003) -> Pipeline:
+class HeldSequenceSource(SequenceSource):
+    """A ``SequenceSource`` that holds back its last tenth until the file ``release`` exists, so a run under a
+    :class:`WorkerKiller` cannot end before every kill landed, however fast the machine is."""
+
+    def __init__(self, count: int, keys: int, release: str) -> None:
+        super().__init__(count=count, keys=keys)
+        self.release = release
+        self._released = False
+        self.pid_dir = str(Path(release).parent)
+
+    def _held(self) -> int | None:
+        """How many more records may go out now (None: no hold)."""
+        limit = self._limit()
+        if limit is None or self._released:
+            return None
+        if os.path.exists(self.release):
+            self._released = True
+            return None
+        return max(limit * 9 // 10 - self.emitted, 0)
+
+    def poll(self, max_records: int):
+        announce(self.pid_dir)  # also while held, when no record passes the Announce map
+        room = self._held()
+        if room == 0:
+            return []
+        return super().poll(max_records if room is None else min(max_records, room))
+
+    def wait_hint(self) -> float | None:
+        return 0.05 if self._held() == 0 else super().wait_hint()
+
+
+def keyed_counter(
+    name: str, count: int | None, sink, pid_dir: str | Path, delay: float = 0.0003, held: bool = False
+) -> Pipeline:
+    """``held``: the sources keep their last tenth until the ``WorkerKiller`` on ``pid_dir`` is done."""
     p = Pipeline(name, parallelism=2)
+    source = (
+        HeldSequenceSource(count, KEYS, str(Path(pid_dir) / RELEASE)) if held and count is not None
+        else SequenceSource(count=count, keys=KEYS)
+    )
     (
-        p.source(SequenceSource(count=count, keys=KEYS), id="src")
+        p.source(source, id="src")
         .map(Announce(str(pid_dir)), id="announce")
         .key_by(lambda r: r[0])
         .process(CountPerKey(str(pid_dir), delay), id="count")
@@ -114,6 +154,10 @@ class WorkerKiller:
     def __exit__(self, *exc) -> None:
         self.stop.set()
         self.thread.join(10)
+        self._release()
+
+    def _release(self) -> None:
+        (self.pid_dir / RELEASE).touch()
 
     def _stages(self) -> dict[str, list[Path]]:
         stages: dict[str, list[Path]] = defaultdict(list)
@@ -121,11 +165,21 @@ class WorkerKiller:
             stages[f.name.split("-")[0]].append(f)
         return stages
 
+    def _up(self, files: list[Path]) -> bool:
+        """Every task of the attempt announced itself, or some did 3 s ago (a restored attempt with nothing
+        left to count: its counting tasks see no record, so only the sources announce)."""
+        if len(files) >= self.tasks:
+            return True
+        try:
+            return time.time() - min(f.stat().st_mtime for f in files) > 3.0
+        except (FileNotFoundError, ValueError):
+            return False
+
     def _run(self) -> None:
         last_stage = ""
         while len(self.killed) < self.kills and not self.stop.is_set():
             stages = self._stages()
-            ready = sorted(s for s, files in stages.items() if s > last_stage and len(files) >= self.tasks)
+            ready = sorted(s for s, files in stages.items() if s > last_stage and self._up(files))
             if not ready:
                 self.stop.wait(0.1)
                 continue
@@ -140,3 +194,4 @@ class WorkerKiller:
                 continue  # that attempt already ended; wait for the next
             self.killed.append((victim.name, pid))
             last_stage = stage
+        self._release()  # every kill landed: held sources may end the run

@@ -1,6 +1,7 @@
 """The coordinator fails: it is SIGKILLed during a checkpoint and started again on the same port and data, or a
 channel-state blob of the latest checkpoint is corrupt on disk. Nothing completed is lost, ids continue, the
-pipeline goes on, a corrupt checkpoint is passed over with the reason, and the output stays exactly once."""
+pipeline goes on, a corrupt checkpoint is passed over with the reason, and the output stays exactly once (in
+PostgreSQL, across the run that committed the corrupt checkpoint's output and the run that fell back past it)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import pytest
 
 from client.models import CheckpointConfig
 from client.sync import OvertakeClient
+from spark_plugin.connectors import PostgresSink
 from spark_plugin.execution import run_pipeline
 from spark_plugin.restart import FixedDelay
 from spark_plugin.sinks import CollectSink
 from spark_plugin.supervisor import Supervisor
 from tests.recovery.pipelines import SMALL_BUFFERS, check_exactly_once, keyed_counter
+from tests.recovery.test_subtask_failures import make_table, sink_dsn, table_rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -86,9 +89,28 @@ def _pids():
     return tempfile.mkdtemp(prefix="overtake-pids-")
 
 
-def test_a_corrupt_channel_state_blob_makes_recovery_fall_back_to_the_previous_checkpoint(spark, coordinator):
+def sink_markers(dsn: str, job_id: int) -> set[int]:
+    """Checkpoints whose output the PostgreSQL sink committed for the job."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT checkpoint_id FROM overtake_sink_commits WHERE job_id = %s", (job_id,))
+        return {r[0] for r in rows}
+
+
+def test_a_corrupt_channel_state_blob_makes_recovery_fall_back_and_the_output_stays_exactly_once(
+    spark, coordinator, pg_url
+):
+    """The output of the corrupt checkpoint was already committed to PostgreSQL by the first run; the restore
+    falls back past it, the sink withdraws that output and the second run writes it again: exactly once."""
+    dsn = sink_dsn(pg_url)
+    make_table(dsn)
     name = "corrupt-blob"
-    first = keyed_counter(name, None, CollectSink(), _pids(), delay=0.001).run(
+
+    def sink() -> PostgresSink:
+        return PostgresSink(dsn, "counts", ["key", "seq", "n"], name=name)
+
+    first = keyed_counter(name, None, sink(), _pids(), delay=0.001).run(
         spark, coordinator.url, checkpoint=config(), network=SMALL_BUFFERS, stop_after_checkpoints=4, finish=False
     )
     with OvertakeClient(coordinator.url) as c:
@@ -96,12 +118,16 @@ def test_a_corrupt_channel_state_blob_makes_recovery_fall_back_to_the_previous_c
         with_state = [
             (cid, e.blob_id)
             for cid in reversed(done)
+            if any(i < cid for i in done)
             for e in c.channel_state(first.job_id, cid).entries
             if e.segments and any(s.length for s in e.segments)
         ]
-    assert with_state, "no completed unaligned checkpoint persisted in-flight data"
+    assert with_state, "no completed unaligned checkpoint (after the first) persisted in-flight data"
     corrupt, blob_id = with_state[0]
     previous = max(i for i in done if i < corrupt)
+    committed = sink_markers(dsn, first.job_id)
+    assert corrupt in committed, f"the first run should have committed checkpoint {corrupt}'s output: {committed}"
+    rows_before = len(table_rows(dsn))
     path = coordinator.data_dir / "blobs" / f"job-{first.job_id}" / blob_id
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -112,7 +138,7 @@ def test_a_corrupt_channel_state_blob_makes_recovery_fall_back_to_the_previous_c
         emitted = sum(s.source_offsets["emitted"] for s in plan.subtasks if s.vertex == "src")
     count = emitted + 5_000
     second = run_pipeline(
-        keyed_counter(name, count, CollectSink(), _pids()), spark, coordinator.url, checkpoint=config(),
+        keyed_counter(name, count, sink(), _pids()), spark, coordinator.url, checkpoint=config(),
         network=SMALL_BUFFERS, job_id=first.job_id, restore_from=corrupt,
     )
     assert second.status == "finished"
@@ -120,4 +146,7 @@ def test_a_corrupt_channel_state_blob_makes_recovery_fall_back_to_the_previous_c
     assert restored.checkpoint_id == previous
     assert [fb.checkpoint_id for fb in restored.fallbacks] == [corrupt]
     assert blob_id in restored.fallbacks[0].reason
-    check_exactly_once(second.outputs("out"), count)
+    withdrawn = sorted({c for s in second.subtasks for c in (s.outputs.get("out") or {}).get("withdrawn_checkpoints", [])})
+    assert withdrawn == sorted(i for i in committed if i > previous), "the passed-over output was not withdrawn"
+    assert rows_before > 0
+    check_exactly_once(table_rows(dsn), count)

@@ -1,5 +1,5 @@
 """Savepoints on Spark: stop a running pipeline with a savepoint (SDK and CLI), start it again from the savepoint
-or from a named checkpoint; the output across both runs is exactly once."""
+or from a named older checkpoint; the output across both runs is exactly once."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ from typer.testing import CliRunner
 from client.cli import app
 from client.models import CheckpointConfig
 from client.sync import OvertakeClient
-from spark_plugin.connectors import PostgresSink
-from spark_plugin.sinks import CollectSink
+from spark_plugin.connectors import FileSink, PostgresSink
 from tests.recovery.pipelines import SMALL_BUFFERS, check_exactly_once, keyed_counter
-from tests.recovery.test_subtask_failures import make_table, sink_dsn, table_rows
+from tests.recovery.test_subtask_failures import file_rows, make_table, sink_dsn, table_rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -102,10 +101,13 @@ def check_exactly_once_prefix(rows, emitted_total: int) -> None:
         assert sorted(ns) == list(range(1, len(ns) + 1)), f"key {k}: counts with gaps or repeats"
 
 
-def test_a_pipeline_starts_from_a_named_older_checkpoint(spark, coordinator, tmp_path):
+def test_a_pipeline_started_from_a_named_older_checkpoint_writes_its_files_exactly_once(spark, coordinator, tmp_path):
+    """The first run committed the output of several checkpoints; the second starts from the oldest, so the
+    file sink withdraws the output of the later ones and writes it again: exactly once across both runs."""
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    first = keyed_counter("named-restore", None, CollectSink(), pid_dir).run(
+    out = tmp_path / "out"
+    first = keyed_counter("named-restore", None, FileSink(str(out)), pid_dir).run(
         spark, coordinator.url, checkpoint=CONFIG, network=SMALL_BUFFERS, stop_after_checkpoints=3, finish=False,
     )
     with OvertakeClient(coordinator.url) as client:
@@ -113,11 +115,15 @@ def test_a_pipeline_starts_from_a_named_older_checkpoint(spark, coordinator, tmp
         assert len(done) >= 2
         named = done[0]  # not the latest
         plan = client.restore_plan(first.job_id, named)
+    later = {f.name for f in out.glob("part-*.jsonl") if int(f.stem.rsplit("-", 1)[1]) > named}
+    assert later, "the first run should have committed output after the named checkpoint"
     emitted = sum(s.source_offsets["emitted"] for s in plan.subtasks if s.vertex == "src")
     count = emitted + 6_000
-    second = keyed_counter("named-restore", count, CollectSink(), pid_dir).run(
+    second = keyed_counter("named-restore", count, FileSink(str(out)), pid_dir).run(
         spark, coordinator.url, checkpoint=CONFIG, network=SMALL_BUFFERS, job_id=first.job_id, restore_from=named,
     )
     assert second.status == "finished"
     assert second.restore_plan.checkpoint_id == named and second.restore_plan.fallbacks == []
-    check_exactly_once(second.outputs("out"), count)
+    withdrawn = {n for s in second.subtasks for n in (s.outputs.get("out") or {}).get("withdrawn", [])}
+    assert withdrawn == later
+    check_exactly_once(file_rows(out), count)
