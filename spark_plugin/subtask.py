@@ -161,6 +161,9 @@ class Subtask(CheckpointActions, CoordinatorEventHandling):
             dl = p.barrier.deadline
             if not p.converted and dl is not None and now >= dl and p.out_pending > 0:
                 self._convert_output_barriers(cid)
+        if self.gate.next_deadline is not None and now >= self.gate.next_deadline:
+            with self.lock:
+                self.gate.convert_due(now)
         mono = time.monotonic()
         if mono >= self._next_flush:
             for w in self.writers:
@@ -178,6 +181,8 @@ class Subtask(CheckpointActions, CoordinatorEventHandling):
             dl = p.barrier.deadline
             if not p.converted and dl is not None:
                 t = min(t, dl / 1000 - now)
+        if self.gate.next_deadline is not None:
+            t = min(t, self.gate.next_deadline / 1000 - now)
         if self._source_wait is not None:
             t = min(t, self._source_wait)
         if self.source_exhausted and not self.ended_output:

@@ -4,6 +4,11 @@ Each channel starts with ``exclusive`` credits; the gate lends its ``floating`` 
 sender announced a backlog, and takes them back as buffers are processed (Flink's credit-based flow control).
 A priority barrier is queued in its channel at its arrival position *and* announced on the gate's priority
 list, so the subtask acts on it between two records and knows exactly which buffers it overtook.
+
+An aligned barrier of an ``aligned_then_unaligned`` checkpoint that is still queued behind buffers when its
+alignment timeout passes (or that arrives after it) becomes a priority barrier in place: it overtakes the buffers
+queued ahead of it, which are persisted, instead of waiting until they are processed (Flink announces such
+barriers for the same reason).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections import deque
 
 from spark_plugin.barriers import CheckpointBarrier
@@ -53,6 +59,8 @@ class InputGate:
         self.floating_free = floating
         self.mailbox = mailbox
         self.priority: deque[tuple[int, CheckpointBarrier]] = deque()
+        self.next_deadline: int | None = None
+        """The earliest alignment deadline (epoch ms) of an aligned barrier queued in a channel, if any."""
         self._next_channel = 0
         self._threads: list[threading.Thread] = []
         self.closed = False
@@ -85,7 +93,7 @@ class InputGate:
                         ch.received_bytes += len(payload)
                         self._lend_floating()
                     elif kind == wire.EVENT:
-                        ch.items.append((BARRIER, CheckpointBarrier.from_dict(json.loads(payload))))
+                        self._queue_barrier(ch, CheckpointBarrier.from_dict(json.loads(payload)))
                     elif kind == wire.PRIORITY:
                         barrier = CheckpointBarrier.from_dict(json.loads(payload))
                         ch.items.append((PRIORITY, barrier))
@@ -100,6 +108,41 @@ class InputGate:
                 if not self.closed:
                     ch.error = e
                 self.mailbox.signal_locked()
+
+    def _queue_barrier(self, ch: InputChannel, barrier: CheckpointBarrier) -> None:
+        """Queue an aligned barrier; one whose alignment timeout already passed overtakes at once (lock held)."""
+        deadline = barrier.deadline
+        if deadline is None or barrier.unaligned:
+            ch.items.append((BARRIER, barrier))
+        elif time.time() * 1000 >= deadline and not ch.blocked:
+            unaligned = barrier.as_unaligned()
+            ch.items.append((PRIORITY, unaligned))
+            self.priority.append((ch.index, unaligned))
+        else:
+            ch.items.append((BARRIER, barrier))
+            self.next_deadline = deadline if self.next_deadline is None else min(self.next_deadline, deadline)
+
+    def convert_due(self, now_ms: int) -> int:
+        """Turn queued aligned barriers whose alignment timeout passed into priority barriers, in place (lock
+        held); a blocked channel's are left until it is unblocked. Returns how many were converted."""
+        converted = 0
+        later: int | None = None
+        for ch in self.channels:
+            for pos, item in enumerate(ch.items):
+                if item[0] != BARRIER or item[1].unaligned or item[1].deadline is None:
+                    continue
+                deadline = item[1].deadline
+                if deadline > now_ms:
+                    later = deadline if later is None else min(later, deadline)
+                elif ch.blocked:
+                    later = now_ms + 50 if later is None else min(later, now_ms + 50)  # look again soon
+                else:
+                    unaligned = item[1].as_unaligned()
+                    ch.items[pos] = (PRIORITY, unaligned)
+                    self.priority.append((ch.index, unaligned))
+                    converted += 1
+        self.next_deadline = later
+        return converted
 
     def _grant(self, ch: InputChannel, n: int) -> None:
         ch.granted += n

@@ -130,3 +130,69 @@ def test_aligned_barrier_in_a_queue_past_the_timeout_is_converted_and_what_it_ov
     assert persisted[: len(queued)] == queued and len(persisted) == len(queued) + 1
     records = [r for b in persisted for r in pickle_records(b)]
     assert [r[1] for r in records] == list(range(ack["source_offsets"]["emitted"]))
+
+
+def timeout_barrier(trigger: int, timeout: int = 100) -> CheckpointBarrier:
+    return CheckpointBarrier(1, trigger, "aligned_then_unaligned", alignment_timeout=timeout)
+
+
+def persisted_input(coord: InMemoryCoordinator, vertex: str) -> list[bytes]:
+    ack = coord.acks[1][(vertex, 0)]
+    assert ack["metrics"]["unaligned"] is True
+    (segment,) = ack["channel_segments"]
+    assert segment["direction"] == "input"
+    return ChannelStateReader(coord.blobs[ack["channel_state"]["blob_id"]]).segment_buffers(segment)
+
+
+def test_a_received_aligned_barrier_still_queued_when_the_timeout_passes_overtakes_the_buffers_ahead_of_it():
+    coord = InMemoryCoordinator()
+    st = build("m", sink_pipeline(), coord)
+    ch = st.gate.channels[0]
+    first, second, after = encode_records(range(10, 20)), encode_records(range(20, 25)), encode_records([99])
+    now = st.now_ms()
+    with st.lock:
+        for b in (first, second):
+            ch.items.append((net_input.BUFFER, b))
+        st.gate._queue_barrier(ch, timeout_barrier(now, timeout=60_000))
+        ch.items.append((net_input.BUFFER, after))
+    assert st.gate.next_deadline == now + 60_000
+    st._on_timers()
+    assert not st.gate.priority and ch.items[2][0] == net_input.BARRIER  # before the deadline: it waits its turn
+    st.gate.next_deadline = now - 1  # the alignment timeout passed (as if 60 s went by)
+    ch.items[2] = (net_input.BARRIER, timeout_barrier(now - 60_000, timeout=60_000))
+    st._on_timers()
+    assert ch.items[2][0] == net_input.PRIORITY and st.gate.next_deadline is None
+    st._handle_priority()  # the checkpoint is taken before the two queued buffers are processed
+    assert st.records_in == 0
+    while st._step():
+        pass
+    st._complete_checkpoints()
+    st.ack_worker.close()
+    assert persisted_input(coord, "m") == [first, second]  # the exact bytes it overtook
+    state = pickle.loads(coord.blobs[coord.acks[1][("m", 0)]["operator_state"]["blob_id"]])["operators"]["out"]
+    assert state["records"] == []
+    assert st.operators[-1].sink.records == [*range(10, 25), 99]  # and everything is still processed once
+
+
+def test_an_aligned_barrier_arriving_after_its_timeout_overtakes_at_once_unless_its_channel_is_blocked():
+    coord = InMemoryCoordinator()
+    st = build("m", sink_pipeline(), coord)
+    ch = st.gate.channels[0]
+    late = timeout_barrier(st.now_ms() - 1_000)
+    with st.lock:
+        ch.items.append((net_input.BUFFER, encode_records([1, 2])))
+        ch.blocked = True
+        st.gate._queue_barrier(ch, late)
+        assert ch.items[-1][0] == net_input.BARRIER and not st.gate.priority  # blocked: waits for the unblock
+        assert st.gate.convert_due(st.now_ms()) == 0 and st.gate.next_deadline is not None
+        ch.blocked = False
+        assert st.gate.convert_due(st.now_ms()) == 1
+        ch.items.clear()
+        st.gate.priority.clear()
+        ch.items.append((net_input.BUFFER, encode_records([1, 2])))
+        st.gate._queue_barrier(ch, late)
+    assert ch.items[-1][0] == net_input.PRIORITY and st.gate.priority[0][1].unaligned
+    st._handle_priority()
+    st._complete_checkpoints()
+    st.ack_worker.close()
+    assert persisted_input(coord, "m") == [encode_records([1, 2])]
