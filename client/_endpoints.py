@@ -7,6 +7,8 @@ return annotations below name what a call resolves to.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Literal, TypeVar
 
 import httpx
@@ -40,6 +42,7 @@ from client.models import (
     RestorePlan,
     SavepointRequest,
     SubtaskAck,
+    SubtaskReport,
     TriggerRequest,
 )
 
@@ -225,6 +228,31 @@ class Endpoints:
     def ack(self, job_id: int, checkpoint_id: int, ack: SubtaskAck | dict[str, Any]) -> AckResult:
         path = f"{_checkpoint(job_id, checkpoint_id)}/acks"
         return self._send(Call("POST", path, _model(AckResult), json=_body(SubtaskAck, ack)))
+
+    def ack_with_state(
+        self,
+        job_id: int,
+        checkpoint_id: int,
+        ack: SubtaskReport | dict[str, Any],
+        *,
+        operator_state: bytes | None = None,
+        channel_state: bytes | None = None,
+    ) -> AckResult:
+        """A subtask's state blobs and its ack in one request (instead of two uploads and an ack). ``ack`` holds
+        the ack's fields (attempt, vertex, subtask_index, channel_segments, ...); the blobs' sha256 and sizes are
+        filled in here. Safe to retry: nothing is stored twice, and the same ack again answers ``duplicate``."""
+        fields = ack.model_dump(mode="json") if isinstance(ack, SubtaskReport) else dict(ack)
+        blobs: dict[str, Any] = {}
+        for kind, data in (("operator_state", operator_state), ("channel_state", channel_state)):
+            if data is not None:
+                data = bytes(data)
+                fields[kind] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+                blobs[kind] = (kind, data, "application/octet-stream")
+        report = json.dumps(_body(SubtaskReport, fields)).encode()
+        # the report as a field part (no file name) first, then the blobs as file parts
+        files = {"ack": (None, report, "application/json"), **blobs}
+        path = f"{_checkpoint(job_id, checkpoint_id)}/acks/with-state"
+        return self._send(Call("POST", path, _model(AckResult), files=files))
 
     def ack_batch(
         self, job_id: int, checkpoint_id: int, acks: list[SubtaskAck] | list[dict[str, Any]]

@@ -49,6 +49,8 @@ class Call(Generic[T]):
     body: Body | None = None
     headers: dict[str, str] = field(default_factory=dict)
     idempotent: bool = True
+    files: dict[str, Any] | None = None
+    """A ``multipart/form-data`` body: its parts as httpx takes them (``(None, bytes, type)`` for a field)."""
 
     def describe(self) -> str:
         return f"{self.method} {self.path}"

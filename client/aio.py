@@ -91,6 +91,7 @@ class AsyncOvertakeClient(Endpoints):
                     json=call.json,
                     content=_async_chunks(call.body) if call.body is not None else None,
                     headers=call.headers,
+                    files=call.files,
                 )
             except httpx.TransportError as exc:
                 await anyio.sleep(attempts.after_error(exc))

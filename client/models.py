@@ -285,6 +285,18 @@ class AckMetrics(_Model):
     unaligned: bool = False
 
 
+def _check_segments(segments: list[ChannelSegment], channel_state: BlobRef | BlobDigest | None) -> None:
+    if segments and channel_state is None:
+        raise ValueError("channel_segments given without a channel_state blob")
+    if channel_state is not None:
+        for s in segments:
+            if s.offset + s.length > channel_state.size:
+                raise ValueError(
+                    f"segment of channel {s.channel!r} ends at {s.offset + s.length}, "
+                    f"past the channel-state blob's size {channel_state.size}"
+                )
+
+
 class SubtaskAck(_Model):
     attempt: int
     vertex: str
@@ -299,16 +311,41 @@ class SubtaskAck(_Model):
 
     @model_validator(mode="after")
     def _segments_need_blob(self) -> SubtaskAck:
-        if self.channel_segments and self.channel_state is None:
-            raise ValueError("channel_segments given without a channel_state blob")
-        if self.channel_state is not None:
-            for s in self.channel_segments:
-                if s.offset + s.length > self.channel_state.size:
-                    raise ValueError(
-                        f"segment of channel {s.channel!r} ends at {s.offset + s.length}, "
-                        f"past the channel-state blob's size {self.channel_state.size}"
-                    )
+        _check_segments(self.channel_segments, self.channel_state)
         return self
+
+
+class BlobDigest(_Model):
+    """A blob that travels in the same request: its sha256 (verified before it is stored) and size."""
+
+    sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$", description="Hex sha256 of the part's bytes.")
+    size: int = Field(ge=0)
+
+
+class SubtaskReport(_Model):
+    """A subtask's ack together with its state blobs, sent as one ``multipart/form-data`` request: this JSON as
+    the ``ack`` field and the blobs as the ``operator_state`` and ``channel_state`` file parts."""
+
+    attempt: int
+    vertex: str
+    subtask_index: int = Field(ge=0)
+    operator_state: BlobDigest | None = None
+    channel_state: BlobDigest | None = None
+    channel_segments: list[ChannelSegment] = Field(default_factory=list)
+    source_offsets: dict[str, Any] | None = None
+    key_group_start: int | None = None
+    key_group_end: int | None = None
+    metrics: AckMetrics = Field(default_factory=AckMetrics)
+
+    @model_validator(mode="after")
+    def _segments_need_blob(self) -> SubtaskReport:
+        _check_segments(self.channel_segments, self.channel_state)
+        return self
+
+    def to_ack(self, operator_state: BlobRef | None, channel_state: BlobRef | None) -> SubtaskAck:
+        """The ack this report makes once its blobs are stored."""
+        fields = self.model_dump(exclude={"operator_state", "channel_state"})
+        return SubtaskAck(**fields, operator_state=operator_state, channel_state=channel_state)
 
 
 class AckBatch(_Model):

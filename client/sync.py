@@ -71,6 +71,7 @@ class OvertakeClient(Endpoints):
                     json=call.json,
                     content=call.body.chunks() if call.body is not None else None,
                     headers=call.headers,
+                    files=call.files,
                 )
             except httpx.TransportError as exc:
                 time.sleep(attempts.after_error(exc))

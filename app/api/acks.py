@@ -13,13 +13,24 @@ import json
 import re
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
+from starlette.datastructures import UploadFile
 
-from app.api.deps import CheckpointId, JobId
-from app.errors import DomainError, TooLarge, validation_message
-from client.models import AckBatch, AckBatchItem, AckBatchResult, AckResult, SubtaskAck
+from app.api.deps import TASK, CheckpointId, CtxDep, JobId
+from app.domain import blobs
+from app.errors import DomainError, Invalid, TooLarge, validation_message
+from client.models import (
+    NAME_RE,
+    AckBatch,
+    AckBatchItem,
+    AckBatchResult,
+    AckResult,
+    BlobRef,
+    SubtaskAck,
+    SubtaskReport,
+)
 
 router = APIRouter(prefix="/api/v1/jobs/{job_id}", tags=["tasks"])
 ACK_PATH = re.compile(r"^/api/v1/jobs/([0-9]+)/checkpoints/([0-9]+)/acks(/batch)?$")
@@ -144,3 +155,103 @@ async def ack_batch(job_id: JobId, checkpoint_id: CheckpointId, request: Request
         request.app.state, job_id, checkpoint_id, await request.body(), request.headers.get("authorization")
     )
     return Response(payload, status_code=status, media_type="application/json")
+
+
+REPORT_PARTS = ("ack", "operator_state", "channel_state")
+_REPORT_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["ack"],
+                    "properties": {
+                        "ack": {
+                            "type": "string",
+                            "description": "The SubtaskReport as JSON: the ack, with the sha256 and size of each blob part.",
+                        },
+                        "operator_state": {"type": "string", "format": "binary", "description": "Operator-state blob."},
+                        "channel_state": {"type": "string", "format": "binary", "description": "Channel-state blob."},
+                    },
+                },
+                "encoding": {"ack": {"contentType": "application/json"}},
+            }
+        },
+    }
+}
+
+
+async def _chunks(part: UploadFile):
+    await part.seek(0)
+    while chunk := await part.read(1024 * 1024):
+        yield chunk
+
+
+@router.post(
+    "/checkpoints/{checkpoint_id}/acks/with-state",
+    response_model=AckResult,
+    dependencies=TASK,
+    openapi_extra=_REPORT_BODY,
+)
+async def ack_with_state(job_id: JobId, checkpoint_id: CheckpointId, request: Request, ctx: CtxDep) -> AckResult:
+    """A subtask's state blobs and its ack in one request (what a subtask does after each barrier, otherwise two
+    uploads and an ack). The blobs are verified against the sha256 in the report and stored first, then the ack is
+    committed; a retry stores nothing twice and answers as the ack route does (the same ack: 200, `duplicate`)."""
+    ctype = request.headers.get("content-type", "")
+    if not ctype.startswith("multipart/form-data"):
+        raise Invalid(
+            f"send multipart/form-data with the fields {', '.join(REPORT_PARTS)} (got content type {ctype!r})"
+        )
+    length = request.headers.get("content-length")
+    limit = 2 * ctx.settings.max_blob_size + MAX_BODY
+    if length and length.isdigit() and int(length) > limit:
+        raise TooLarge(f"the request of {length} bytes exceeds the coordinator's limit of {limit} bytes")
+    try:
+        form = await request.form(max_files=2, max_fields=1, max_part_size=MAX_BODY)
+    except HTTPException as exc:
+        raise Invalid(f"the multipart body cannot be read: {exc.detail}") from None
+    try:
+        report, stored = await _store_report(ctx, form, job_id, checkpoint_id)
+    finally:
+        await form.close()
+    refs = {info.kind: BlobRef(blob_id=info.blob_id, sha256=info.sha256, size=info.size) for info, _ in stored}
+    ack = report.to_ack(refs.get("operator"), refs.get("channel"))
+    (result,) = await request.app.state.committer.submit(job_id, checkpoint_id, [ack])
+    if isinstance(result, DomainError):
+        raise result
+    return result
+
+
+async def _store_report(ctx, form, job_id: int, checkpoint_id: int):
+    """Validate the report and its parts against each other, then store the blobs; returns (report, stored)."""
+    unknown = sorted(set(form.keys()) - set(REPORT_PARTS))
+    if unknown:
+        raise Invalid(f"unknown part(s) {unknown}; the parts are {', '.join(REPORT_PARTS)}")
+    raw = form.get("ack")
+    if not isinstance(raw, str):
+        raise Invalid("the 'ack' field (the SubtaskReport as JSON) is missing or sent as a file")
+    try:
+        report = SubtaskReport.model_validate_json(raw)
+    except ValidationError as exc:
+        errors = [{"loc": ["ack", *e.get("loc", ())], "msg": e.get("msg")} for e in exc.errors()]
+        raise Invalid(validation_message(errors), details=errors) from None
+    if not NAME_RE.match(report.vertex):
+        raise Invalid(f"vertex {report.vertex!r} is not a valid vertex id")
+    parts = []
+    for kind in ("operator", "channel"):
+        declared, part = getattr(report, f"{kind}_state"), form.get(f"{kind}_state")
+        if declared is None and part is None:
+            continue
+        if declared is None:
+            raise Invalid(f"a {kind}_state part was sent but the report does not declare it ({kind}_state)")
+        if not isinstance(part, UploadFile):
+            raise Invalid(f"the report declares {kind}_state but no {kind}_state file part was sent")
+        if part.size is not None and part.size != declared.size:
+            raise Invalid(
+                f"the {kind}_state part has {part.size} bytes but the report declares {declared.size}; "
+                "nothing was stored"
+            )
+        parts.append((kind, declared.sha256, _chunks(part)))
+    stored = await blobs.store(ctx, job_id, checkpoint_id, report.attempt, report.vertex, report.subtask_index, parts)
+    return report, stored

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Literal
 
@@ -13,7 +14,7 @@ from app.db.models import BlobRow, CheckpointRow
 from app.domain.checkpoints import check_subtask, get_checkpoint_or_404
 from app.domain.context import Context, after_commit, get_job_or_404, now_ms
 from app.domain.lifecycle import ABORTED, COMPLETED
-from app.errors import Conflict, NotFound, RangeNotSatisfiable
+from app.errors import Conflict, Invalid, NotFound, RangeNotSatisfiable
 from app.observability import BLOB_BYTES
 from client.models import BlobInfo
 
@@ -34,21 +35,22 @@ def blob_info(b: BlobRow) -> BlobInfo:
     )
 
 
-async def _existing(
-    ctx: Context, job_id: int, cp_id: int, vertex: str, index: int, kind: str
-) -> BlobRow | None:
+async def _existing(ctx: Context, job_id: int, cp_id: int, vertex: str, index: int) -> dict[str, BlobRow]:
     async with ctx.tx(readonly=True) as s:
-        return (
-            await s.execute(
-                select(BlobRow).where(
-                    BlobRow.job_id == job_id,
-                    BlobRow.checkpoint_id == cp_id,
-                    BlobRow.vertex == vertex,
-                    BlobRow.subtask_index == index,
-                    BlobRow.kind == kind,
-                )
-            )
-        ).scalar_one_or_none()
+        return await _slot(s, job_id, cp_id, vertex, index)
+
+
+async def _slot(s, job_id: int, cp_id: int, vertex: str, index: int) -> dict[str, BlobRow]:
+    """The blobs already stored for this subtask of this checkpoint, by kind."""
+    rows = await s.execute(
+        select(BlobRow).where(
+            BlobRow.job_id == job_id,
+            BlobRow.checkpoint_id == cp_id,
+            BlobRow.vertex == vertex,
+            BlobRow.subtask_index == index,
+        )
+    )
+    return {b.kind: b for b in rows.scalars()}
 
 
 def _same_or_conflict(b: BlobRow, staged: Staged, vertex: str, index: int, cp_id: int) -> BlobInfo:
@@ -58,14 +60,6 @@ def _same_or_conflict(b: BlobRow, staged: Staged, vertex: str, index: int, cp_id
         f"a different {b.kind} blob (sha256 {b.sha256}, {b.size} bytes) was already uploaded for subtask "
         f"{vertex}[{index}] of checkpoint {cp_id}; a blob cannot be replaced"
     )
-
-
-async def _precheck(ctx: Context, job_id: int, cp_id: int, attempt: int, vertex: str, index: int) -> None:
-    async with ctx.tx(readonly=True) as s:
-        job = await get_job_or_404(s, job_id)
-        cp = await get_checkpoint_or_404(s, job_id, cp_id)
-        check_subtask(job, vertex, index)
-        _check_open(cp, attempt)
 
 
 def _check_open(cp: CheckpointRow, attempt: int) -> None:
@@ -91,16 +85,52 @@ async def upload(
     body: AsyncIterator[bytes],
 ) -> tuple[BlobInfo, bool]:
     """Store a blob. Returns (info, created). Nothing is stored unless the sha256 matches and the slot is free."""
-    await _precheck(ctx, job_id, cp_id, attempt, vertex, index)
-    staged = await ctx.store.stage(body, sha256, ctx.settings.max_blob_size)
+    ((info, created),) = await store(ctx, job_id, cp_id, attempt, vertex, index, [(kind, sha256, body)])
+    return info, created
+
+
+async def store(
+    ctx: Context,
+    job_id: int,
+    cp_id: int,
+    attempt: int,
+    vertex: str,
+    index: int,
+    parts: list[tuple[Kind, str, AsyncIterator[bytes]]],
+) -> list[tuple[BlobInfo, bool]]:
+    """Store one subtask's blobs of a checkpoint (at most one per kind) together: one read to check the
+    checkpoint and the slot, each part staged and verified against its sha256, the new ones moved into the
+    store in parallel, and one transaction recording them all. Returns (info, created) per part, in order.
+
+    All or nothing: a part that fails its check, or conflicts with a blob stored before, stores none of them.
+    The same parts again (a retry) return the stored blobs with created=False and change nothing.
+    """
+    kinds = [kind for kind, _, _ in parts]
+    if len(set(kinds)) != len(kinds):
+        raise Invalid(f"at most one blob of each kind per request, got {kinds}")
+    async with ctx.tx(readonly=True) as s:
+        job = await get_job_or_404(s, job_id)
+        cp = await get_checkpoint_or_404(s, job_id, cp_id)
+        check_subtask(job, vertex, index)
+        prior = await _slot(s, job_id, cp_id, vertex, index)
+    if any(kind not in prior for kind in kinds) or cp.attempt != attempt:
+        _check_open(cp, attempt)  # only a retry of what is stored already may come after completion
+    staged: list[Staged] = []
     try:
-        prior = await _existing(ctx, job_id, cp_id, vertex, index, kind)
-        if prior is not None:
-            return _same_or_conflict(prior, staged, vertex, index, cp_id), False
-        blob_id = new_blob_id()
-        key = blob_key(job_id, blob_id)
-        await ctx.store.commit(staged, key)
+        for _, sha256, body in parts:
+            staged.append(await ctx.store.stage(body, sha256, ctx.settings.max_blob_size))
+        answers: list[tuple[BlobInfo, bool] | None] = []
+        for kind, st in zip(kinds, staged, strict=True):
+            answers.append((_same_or_conflict(prior[kind], st, vertex, index, cp_id), False) if kind in prior else None)
+        new = [i for i, a in enumerate(answers) if a is None]
+        if not new:
+            return [a for a in answers if a is not None]
+        keys = {i: blob_key(job_id, new_blob_id()) for i in new}
         try:
+            moved = await asyncio.gather(*(ctx.store.commit(staged[i], keys[i]) for i in new), return_exceptions=True)
+            for m in moved:
+                if isinstance(m, BaseException):
+                    raise m
             async with ctx.tx() as s:
                 # Share-lock the checkpoint so an abort cannot slip between this check and the insert.
                 cp = (
@@ -111,34 +141,42 @@ async def upload(
                     )
                 ).scalar_one()
                 _check_open(cp, attempt)
-                row = BlobRow(
-                    id=blob_id,
-                    job_id=job_id,
-                    checkpoint_id=cp_id,
-                    vertex=vertex,
-                    subtask_index=index,
-                    kind=kind,
-                    attempt=attempt,
-                    sha256=staged.sha256,
-                    size=staged.size,
-                    status="stored",
-                    created_at=now_ms(),
-                )
-                s.add(row)
+                created_at = now_ms()
+                for i in new:
+                    row = BlobRow(
+                        id=keys[i].rsplit("/", 1)[1],
+                        job_id=job_id,
+                        checkpoint_id=cp_id,
+                        vertex=vertex,
+                        subtask_index=index,
+                        kind=kinds[i],
+                        attempt=attempt,
+                        sha256=staged[i].sha256,
+                        size=staged[i].size,
+                        status="stored",
+                        created_at=created_at,
+                    )
+                    s.add(row)
+                    answers[i] = (blob_info(row), True)
                 await s.flush()
-                size = staged.size
+                size = sum(staged[i].size for i in new)
                 after_commit(s, lambda: BLOB_BYTES.inc(size))
-            return blob_info(row), True
+            return [a for a in answers if a is not None]
         except BaseException as exc:
-            await ctx.store.delete(key)
+            for i in new:
+                await ctx.store.delete(keys[i])
             if isinstance(exc, Conflict) and isinstance(exc.__cause__, IntegrityError):
                 # A concurrent identical upload won the slot: answer as for a retry.
-                prior = await _existing(ctx, job_id, cp_id, vertex, index, kind)
-                if prior is not None:
-                    return _same_or_conflict(prior, staged, vertex, index, cp_id), False
+                won = await _existing(ctx, job_id, cp_id, vertex, index)
+                if all(k in won for k in kinds):
+                    return [
+                        (_same_or_conflict(won[k], st, vertex, index, cp_id), False)
+                        for k, st in zip(kinds, staged, strict=True)
+                    ]
             raise
     finally:
-        staged.discard()
+        for st in staged:
+            st.discard()
 
 
 async def open_blob(ctx: Context, job_id: int, blob_id: str) -> BlobRow:

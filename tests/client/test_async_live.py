@@ -47,3 +47,20 @@ async def test_a_checkpoint_cycle_with_the_async_client(coordinator):
             await c.ack(job.id, cp.id, SubtaskAck(attempt=1, vertex="src", subtask_index=0))
         with pytest.raises(NotFound):
             await c.get_checkpoint(job.id, cp.id + 1000)
+
+
+async def test_blobs_and_acks_in_one_request_with_the_async_client(coordinator):
+    async with AsyncOvertakeClient(coordinator.url) as c:
+        job = await c.create_job(job_spec())
+        attempt = await c.start_attempt(job.id)
+        cp = await c.trigger_checkpoint(job.id)
+        for vertex, index in SUBTASKS:
+            result = await c.ack_with_state(
+                job.id, cp.id, {"attempt": attempt.attempt, "vertex": vertex, "subtask_index": index},
+                operator_state=f"{vertex}-{index}".encode() * 100,
+            )
+        assert result.status is CheckpointStatus.completed
+        plan = await c.restore_plan(job.id)
+        for s in plan.subtasks:
+            (ref,) = s.operator_state
+            assert await c.download_blob(job.id, ref.blob_id) == f"{s.vertex}-{s.subtask_index}".encode() * 100

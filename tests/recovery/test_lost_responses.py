@@ -89,3 +89,33 @@ def test_the_last_ack_retried_after_its_response_was_lost_completes_the_checkpoi
     completed = [e for e in events if e.type.value == "checkpoint.completed"]
     assert [e.data["checkpoint_id"] for e in completed] == [cp.id]
     assert again.id == cp.id + 1
+
+
+def test_a_report_with_its_state_retried_after_its_response_was_lost_stores_once_and_completes_once(
+    coordinator, job
+):
+    job, attempt, cp = job
+    with OvertakeClient(coordinator.url) as c:
+        for vertex, index in SUBTASKS[:-1]:
+            upload_and_ack(c, attempt, cp, vertex, index)
+    before = blob_files(coordinator, job.id)
+    vertex, index = SUBTASKS[-1]
+    in_flight = b"buffers the barrier overtook" * 100
+    report = {
+        "attempt": attempt.attempt, "vertex": vertex, "subtask_index": index,
+        "channel_segments": [{"channel": "in:x", "direction": "input", "offset": 0, "length": len(in_flight),
+                              "buffer_count": 1, "record_count": 100}],
+    }
+    lossy = LoseResponses("/acks/with-state")
+    with OvertakeClient(coordinator.url, transport=lossy, backoff=0.01) as c:
+        result = c.ack_with_state(job.id, cp.id, report, operator_state=state_of(cp.id, vertex, index),
+                                  channel_state=in_flight)
+    assert [status for _, status in lossy.delivered] == [200, 200]
+    assert result.duplicate is True and result.status.value == "COMPLETED"
+    assert len(blob_files(coordinator, job.id)) == len(before) + 2  # operator and channel blob, once each
+    with OvertakeClient(coordinator.url) as c:
+        events = c.event_history(job.id)
+        (entry,) = [e for e in c.channel_state(job.id, cp.id).entries if e.vertex == vertex]
+        assert c.download_blob(job.id, entry.blob_id) == in_flight
+    completed = [e for e in events if e.type.value == "checkpoint.completed"]
+    assert [e.data["checkpoint_id"] for e in completed] == [cp.id]

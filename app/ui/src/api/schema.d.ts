@@ -289,6 +289,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/acks/with-state": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Ack With State
+         * @description A subtask's state blobs and its ack in one request (what a subtask does after each barrier, otherwise two
+         *     uploads and an ack). The blobs are verified against the sha256 in the report and stored first, then the ack is
+         *     committed; a retry stores nothing twice and answers as the ack route does (the same ack: 200, `duplicate`).
+         */
+        post: operations["ack_with_state"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/blobs": {
         parameters: {
             query?: never;
@@ -2162,6 +2184,65 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["AckBatchResult"];
+                };
+            };
+            /** @description Invalid request: the message names the problem. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Refused: not found, conflict, unauthorized, forbidden, too large. */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    ack_with_state: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                job_id: number;
+                /** @description Checkpoint id */
+                checkpoint_id: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "multipart/form-data": {
+                    /** @description The SubtaskReport as JSON: the ack, with the sha256 and size of each blob part. */
+                    ack: string;
+                    /**
+                     * Format: binary
+                     * @description Operator-state blob.
+                     */
+                    operator_state?: string;
+                    /**
+                     * Format: binary
+                     * @description Channel-state blob.
+                     */
+                    channel_state?: string;
+                };
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AckResult"];
                 };
             };
             /** @description Invalid request: the message names the problem. */

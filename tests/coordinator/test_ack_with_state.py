@@ -1,0 +1,136 @@
+"""The combined route: a subtask's blobs and its ack in one multipart request. Verified and stored before the ack,
+idempotent on retries, all or nothing on bad input, and the same checkpoint as separate uploads + ack."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from tests.coordinator.test_blobs import _count_blobs, _stored_files
+
+
+def digest(data: bytes) -> dict:
+    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+
+def segment(length: int) -> dict:
+    return {"channel": "in:src[0]", "direction": "input", "offset": 0, "length": length, "buffer_count": 1,
+            "record_count": 3}
+
+
+async def report(api, job_id: int, cp: int, vertex: str, index: int, operator: bytes | None = None,
+                 channel: bytes | None = None, attempt: int = 1, files: dict | None = None, **extra):
+    body = {"attempt": attempt, "vertex": vertex, "subtask_index": index, **extra}
+    if operator is not None:
+        body.setdefault("operator_state", digest(operator))
+    if channel is not None:
+        body.setdefault("channel_state", digest(channel))
+        body.setdefault("channel_segments", [segment(len(channel))])
+    if files is None:
+        files = {}
+        if operator is not None:
+            files["operator_state"] = ("operator", operator, "application/octet-stream")
+        if channel is not None:
+            files["channel_state"] = ("channel", channel, "application/octet-stream")
+    url = f"/api/v1/jobs/{job_id}/checkpoints/{cp}/acks/with-state"
+    if files:
+        return await api.client.post(url, data={"ack": json.dumps(body)}, files=files)
+    return await api.client.post(  # httpx sends a form without files url-encoded: write the multipart body
+        url, content=_only_ack(body), headers={"Content-Type": "multipart/form-data; boundary=x"}
+    )
+
+
+def _only_ack(body: dict) -> bytes:
+    return (b'--x\r\nContent-Disposition: form-data; name="ack"\r\n\r\n' + json.dumps(body).encode()
+            + b"\r\n--x--\r\n")
+
+
+async def test_one_request_stores_both_blobs_and_acks_and_they_restore(api):
+    job = await api.job()
+    await api.trigger(job["id"])
+    op, ch = b"operator state", bytes(range(256)) * 8
+    r = await report(api, job["id"], 1, "agg", 0, operator=op, channel=ch)
+    assert r.status_code == 200, r.text
+    assert r.json()["num_acknowledged_subtasks"] == 1 and r.json()["duplicate"] is False
+    manifest = (await api.client.get(f"/api/v1/jobs/{job['id']}/checkpoints/1/channel-state")).json()
+    (entry,) = manifest["entries"]
+    stored = await api.client.get(f"/api/v1/jobs/{job['id']}/blobs/{entry['blob_id']}")
+    assert stored.content == ch
+    for v, i in [("src", 0), ("src", 1), ("agg", 1)]:
+        assert (await report(api, job["id"], 1, v, i, operator=b"x")).status_code == 200
+    assert (await api.checkpoint(job["id"], 1))["status"] == "COMPLETED"
+    plan = (await api.client.get(f"/api/v1/jobs/{job['id']}/restore-plan")).json()
+    agg0 = next(s for s in plan["subtasks"] if s["vertex"] == "agg" and s["subtask_index"] == 0)
+    assert [seg["blob_id"] for seg in agg0["input_channel_state"]] == [entry["blob_id"]]
+    assert await _count_blobs(api) == 5
+
+
+async def test_a_retried_report_stores_nothing_twice_and_a_different_one_is_409(api):
+    job = await api.job()
+    await api.trigger(job["id"])
+    first = await report(api, job["id"], 1, "agg", 0, operator=b"op", channel=b"channel bytes")
+    again = await report(api, job["id"], 1, "agg", 0, operator=b"op", channel=b"channel bytes")
+    assert first.status_code == again.status_code == 200
+    assert again.json()["duplicate"] is True
+    assert await _count_blobs(api) == 2 and len(_stored_files(api)) == 2
+    other = await report(api, job["id"], 1, "agg", 0, operator=b"op", channel=b"other bytes!!")
+    assert other.status_code == 409 and "cannot be replaced" in other.json()["error"]["message"]
+    assert await _count_blobs(api) == 2 and len(_stored_files(api)) == 2
+
+
+async def test_bad_reports_are_4xx_that_say_what_is_wrong_and_store_nothing(api):
+    job = await api.job()
+    await api.trigger(job["id"])
+    op = b"operator state"
+    cases = [
+        # a part whose bytes do not match the report's sha256
+        (dict(operator=op, operator_state={"sha256": "0" * 64, "size": len(op)}), 422, "sha256"),
+        # sizes that disagree
+        (dict(operator=op, operator_state={"sha256": digest(op)["sha256"], "size": 3}), 422, "declares 3"),
+        # a declared blob that was not sent
+        (dict(operator_state=digest(op)), 422, "no operator_state file part"),
+        # a part the report does not declare
+        (dict(files={"operator_state": ("o", op, "application/octet-stream")}), 422, "does not declare"),
+        # segments past the channel blob
+        (dict(channel=b"abc", channel_segments=[segment(10)]), 422, "past the channel-state blob"),
+        # an unknown vertex, a subtask out of range
+        (dict(operator=op, vertex_override="nope"), 404, "no vertex 'nope'"),
+        (dict(operator=op, index_override=9), 404, "no subtask agg[9]"),
+        # another attempt's report
+        (dict(operator=op, attempt=2), 409, "attempt"),
+    ]
+    for kwargs, status, text in cases:
+        vertex = kwargs.pop("vertex_override", "agg")
+        index = kwargs.pop("index_override", 0)
+        r = await report(api, job["id"], 1, vertex, index, **kwargs)
+        assert r.status_code == status, (kwargs, r.text)
+        assert text in r.json()["error"]["message"], (text, r.json())
+    missing = await api.client.post(
+        f"/api/v1/jobs/{job['id']}/checkpoints/1/acks/with-state", files={"operator_state": ("o", op)}
+    )
+    assert missing.status_code == 422 and "'ack' field" in missing.json()["error"]["message"]
+    not_multipart = await api.client.post(f"/api/v1/jobs/{job['id']}/checkpoints/1/acks/with-state", json={})
+    assert not_multipart.status_code == 422 and "multipart/form-data" in not_multipart.json()["error"]["message"]
+    assert await _count_blobs(api) == 0 and _stored_files(api) == []
+    assert (await api.checkpoint(job["id"], 1))["num_acknowledged_subtasks"] == 0
+
+
+async def test_a_report_without_blobs_is_a_plain_ack(api):
+    job = await api.job()
+    await api.trigger(job["id"])
+    r = await report(api, job["id"], 1, "src", 0, source_offsets={"offset": 7})
+    assert r.status_code == 200, r.text
+    assert (await api.checkpoint(job["id"], 1))["num_acknowledged_subtasks"] == 1
+
+
+async def test_a_report_after_the_checkpoint_was_aborted_is_409_and_stores_nothing(api):
+    job = await api.job()
+    await api.trigger(job["id"])
+    r = await api.client.post(
+        f"/api/v1/jobs/{job['id']}/checkpoints/1/declines",
+        json={"attempt": 1, "vertex": "src", "subtask_index": 0, "reason": "disk full"},
+    )
+    assert r.status_code == 200, r.text
+    late = await report(api, job["id"], 1, "agg", 0, operator=b"late")
+    assert late.status_code == 409 and "aborted" in late.json()["error"]["message"]
+    assert await _count_blobs(api) == 0 and _stored_files(api) == []
