@@ -277,6 +277,8 @@ def run_task(bundle: TaskBundle, _partition: Any):
     ctx.barrier()  # every subtask left its loop: closing channels now breaks nobody's input
     stop.set()
     finished.join(10)
+    subtask.settle(result.status)  # sinks commit the output of the final checkpoint before the task ends
+    subtask.close_operators(result)
     subtask.close()
     listener.close()
     result.acked = list(subtask.ack_worker.acked)

@@ -48,6 +48,10 @@ class Operator:
     def rewind(self, job_id: int, checkpoint_id: int | None) -> None:
         """A new attempt of job ``job_id`` starts from ``checkpoint_id`` (None: from scratch); before ``restore``."""
 
+    def uncommitted(self) -> bool:
+        """Whether this operator holds output that waits for a checkpoint to complete (sinks)."""
+        return False
+
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` completed (sinks commit here)."""
 
@@ -239,6 +243,9 @@ class SinkOperator(Operator):
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         self.sink.notify_checkpoint_complete(checkpoint_id)
+
+    def uncommitted(self) -> bool:
+        return bool(getattr(self.sink, "uncommitted", lambda: False)())
 
     def close(self) -> Any:
         return self.sink.close()

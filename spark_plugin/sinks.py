@@ -49,6 +49,10 @@ class Sink:
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         pass
 
+    def uncommitted(self) -> bool:
+        """Whether output written so far waits for a checkpoint to complete (a finished run waits for it)."""
+        return False
+
     def close(self) -> Any:
         return None
 

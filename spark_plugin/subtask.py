@@ -355,21 +355,26 @@ class Subtask(CheckpointActions, CoordinatorEventHandling):
         return self._result(status)
 
     def _result(self, status: str) -> SubtaskResult:
-        outputs = {}
-        for op in self.operators:
-            out = op.close()
-            if out is not None:
-                outputs[op.id] = out
+        """What the loop reports; the operators stay open (sinks may still commit): ``close_operators`` fills
+        in their outputs."""
         return SubtaskResult(
             vertex=self.spec.vertex,
             subtask_index=self.spec.subtask_index,
             status=status,
-            outputs=outputs,
             checkpoints=self.checkpoint_log,
             records_in=self.records_in,
             bytes_in=self.bytes_in,
             bytes_out=sum(w.bytes_out for w in self.writers),
         )
+
+    def close_operators(self, result: SubtaskResult) -> SubtaskResult:
+        """Close every operator (once the run is over and sinks committed what they could); their outputs go into
+        ``result``."""
+        for op in self.operators:
+            out = op.close()
+            if out is not None:
+                result.outputs[op.id] = out
+        return result
 
     def close(self, timeout: float = 30.0) -> None:
         """Finish reporting, then close the channels and the event stream."""

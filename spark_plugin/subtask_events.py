@@ -110,8 +110,31 @@ class CoordinatorEventHandling:
         source: its final offsets) until ``stop`` is set, which happens once every subtask of the run finished.
         """
         while not stop.is_set():
-            self._run_actions()
-            self._complete_checkpoints()
-            with self.lock:
-                if not self._actions:
-                    self.mailbox.wait(0.05)
+            self._serve_once()
+
+    def _serve_once(self) -> None:
+        self._run_actions()
+        self._complete_checkpoints()
+        with self.lock:
+            if not self._actions:
+                self.mailbox.wait(0.05)
+
+    def settle(self, status: str, timeout: float = 60.0) -> None:
+        """After every subtask of the run left its loop: a run that ended because its input ended waits until its
+        sinks committed all their output (the ``checkpoint.completed`` of the final checkpoint may still be on its
+        way). Its sources end only after that checkpoint completed, so the event comes; if it does not within
+        ``timeout`` seconds, the subtask fails, and the restart commits the output from the checkpoint instead.
+        Runs that were stopped (cancelled, time limit, savepoint) leave output after their last completed
+        checkpoint uncommitted, as they should."""
+        if status != "finished":
+            return
+        deadline = time.monotonic() + timeout
+        while any(op.uncommitted() for op in self.operators):
+            if time.monotonic() > deadline or self.halted:
+                from spark_plugin.subtask import SubtaskFailed
+
+                raise SubtaskFailed(
+                    f"{self.spec.vertex}[{self.spec.subtask_index}]: its sinks still hold output of checkpoint(s) "
+                    f"whose completion did not arrive within {timeout:.0f}s after the run ended"
+                )
+            self._serve_once()

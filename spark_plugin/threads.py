@@ -79,6 +79,11 @@ class ThreadedRun:
                 self._all_done.set()
         if i in self.results:
             st.serve_finished(self._all_done)
+            try:
+                st.settle(self.results[i].status)
+            except BaseException as e:  # noqa: BLE001 - reported by join
+                self.errors[i] = e
+            st.close_operators(self.results[i])
 
     def join(self, timeout: float = 60.0) -> list[SubtaskResult]:
         for t in self._threads:

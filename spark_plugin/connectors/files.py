@@ -207,6 +207,9 @@ class FileSink(Sink):
                 keep.append((cid, name))
         self.pending = keep
 
+    def uncommitted(self) -> bool:
+        return bool(self.pending) or self._handle is not None
+
     def _files_of_job(self, directory: Path, job_id: int):
         """``(path, subtask, checkpoint-or-run)`` of this job's part files in ``directory``."""
         for f in directory.glob(f"part-{job_id}-*.jsonl"):

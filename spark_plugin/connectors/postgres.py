@@ -123,6 +123,9 @@ class PostgresSink(Sink):
                 keep.append((cid, rows))
         self.pending = keep
 
+    def uncommitted(self) -> bool:
+        return bool(self.buffer or self.pending)
+
     def rewind(self, job_id: int, checkpoint_id: int | None) -> None:
         """Delete the rows this sink committed for the job's checkpoints after ``checkpoint_id``, in one
         transaction, checked against the markers' row counts; idempotent (every subtask of the sink calls it)."""

@@ -196,3 +196,83 @@ def test_an_aligned_barrier_arriving_after_its_timeout_overtakes_at_once_unless_
     st._complete_checkpoints()
     st.ack_worker.close()
     assert persisted_input(coord, "m") == [encode_records([1, 2])]
+
+
+class CommitOnCompletion(CollectSink):
+    """A committing sink that, like a database sink, cannot commit once closed."""
+
+    commits_on_checkpoints = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending: list[tuple[int, list]] = []
+        self.buffer: list = []
+        self.committed: list = []
+        self.closed = False
+
+    def write(self, record):
+        self.buffer.append(record)
+
+    def snapshot(self, checkpoint_id: int):
+        if self.buffer:
+            self.pending.append((checkpoint_id, self.buffer))
+            self.buffer = []
+        return {"pending": list(self.pending)}
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        assert not self.closed, "a commit after close loses the output"
+        for cid, rows in [p for p in self.pending if p[0] <= checkpoint_id]:
+            self.committed.extend(rows)
+            self.pending.remove((cid, rows))
+
+    def uncommitted(self) -> bool:
+        return bool(self.buffer or self.pending)
+
+    def close(self):
+        self.closed = True
+        return {"committed": list(self.committed), "pending": len(self.pending)}
+
+
+def finished_sink_subtask():
+    """A sink subtask whose input delivered records, the final (aligned) barrier 1 and its end: its loop ends
+    with checkpoint 1 acknowledged but its completion not yet heard of."""
+    coord = InMemoryCoordinator()
+    p = Pipeline(f"settle-{next(_ids)}")
+    p.source(SequenceSource(count=1), id="src").rebalance().map(lambda r: r, id="m").sink(CommitOnCompletion(), id="out")
+    st = build("m", p, coord)
+    ch = st.gate.channels[0]
+    ch.items.extend([
+        (net_input.BUFFER, encode_records([1, 2, 3])),
+        (net_input.BARRIER, CheckpointBarrier(1, st.now_ms(), "aligned")),
+        (net_input.END,),
+    ])
+    result = st.run()
+    return st, result, st.operators[-1].sink
+
+
+_ids = iter(range(1_000_000))
+
+
+def test_a_finished_sink_commits_the_final_checkpoint_whose_completion_comes_after_its_loop_ended():
+    import threading
+
+    st, result, sink = finished_sink_subtask()
+    assert result.status == "finished" and sink.pending and not sink.committed
+    late = threading.Timer(0.2, st.post, args=("checkpoint.completed", {"checkpoint_id": 1}))
+    late.start()
+    st.settle(result.status, timeout=30)
+    st.close_operators(result)
+    st.ack_worker.close()
+    assert result.outputs["out"] == {"committed": [1, 2, 3], "pending": 0}
+
+
+def test_a_finished_sink_whose_final_completion_never_comes_fails_instead_of_losing_output():
+    import pytest
+
+    from spark_plugin.subtask import SubtaskFailed
+
+    st, result, sink = finished_sink_subtask()
+    with pytest.raises(SubtaskFailed, match="completion did not arrive"):
+        st.settle(result.status, timeout=0.3)
+    st.ack_worker.close()
+    assert sink.committed == [] and sink.pending  # still there for the restore to commit
