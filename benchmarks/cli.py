@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                     n = s.parallelism * (d + 1)
                     un = results.run_of("unaligned", d)
                     per = int(un.persisted_avg / n) if un and un.persisted_avg else 256 << 10
-                    status(f"{n} subtasks x (2 uploads + ack), {s.ack_path_rounds} checkpoints")
+                    status(f"{n} subtasks x (blobs + ack in one request | 2 uploads + ack), {s.ack_path_rounds} checkpoints each")
                     a = measure(coordinator.url, n, s.ack_path_rounds, max(per, 1024))
                     results.ack_path.append(a)
                     done(f"ack path, {n} subtasks: all acked p50 {a.p50:,.0f} ms")
