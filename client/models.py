@@ -297,12 +297,12 @@ def _check_segments(segments: list[ChannelSegment], channel_state: BlobRef | Blo
                 )
 
 
-class SubtaskAck(_Model):
+class _AckFields(_Model):
+    """What an ack says besides where its blobs are."""
+
     attempt: int
     vertex: str
     subtask_index: int = Field(ge=0)
-    operator_state: BlobRef | None = None
-    channel_state: BlobRef | None = None
     channel_segments: list[ChannelSegment] = Field(default_factory=list)
     source_offsets: dict[str, Any] | None = None
     key_group_start: int | None = None
@@ -310,9 +310,14 @@ class SubtaskAck(_Model):
     metrics: AckMetrics = Field(default_factory=AckMetrics)
 
     @model_validator(mode="after")
-    def _segments_need_blob(self) -> SubtaskAck:
-        _check_segments(self.channel_segments, self.channel_state)
+    def _segments_need_blob(self) -> _AckFields:
+        _check_segments(self.channel_segments, getattr(self, "channel_state", None))
         return self
+
+
+class SubtaskAck(_AckFields):
+    operator_state: BlobRef | None = None
+    channel_state: BlobRef | None = None
 
 
 class BlobDigest(_Model):
@@ -322,25 +327,12 @@ class BlobDigest(_Model):
     size: int = Field(ge=0)
 
 
-class SubtaskReport(_Model):
+class SubtaskReport(_AckFields):
     """A subtask's ack together with its state blobs, sent as one ``multipart/form-data`` request: this JSON as
     the ``ack`` field and the blobs as the ``operator_state`` and ``channel_state`` file parts."""
 
-    attempt: int
-    vertex: str
-    subtask_index: int = Field(ge=0)
     operator_state: BlobDigest | None = None
     channel_state: BlobDigest | None = None
-    channel_segments: list[ChannelSegment] = Field(default_factory=list)
-    source_offsets: dict[str, Any] | None = None
-    key_group_start: int | None = None
-    key_group_end: int | None = None
-    metrics: AckMetrics = Field(default_factory=AckMetrics)
-
-    @model_validator(mode="after")
-    def _segments_need_blob(self) -> SubtaskReport:
-        _check_segments(self.channel_segments, self.channel_state)
-        return self
 
     def to_ack(self, operator_state: BlobRef | None, channel_state: BlobRef | None) -> SubtaskAck:
         """The ack this report makes once its blobs are stored."""

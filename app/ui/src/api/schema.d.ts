@@ -1463,10 +1463,6 @@ export interface components {
             vertex: string;
             /** Subtask Index */
             subtask_index: number;
-            /** @default null */
-            operator_state: components["schemas"]["BlobRef"] | null;
-            /** @default null */
-            channel_state: components["schemas"]["BlobRef"] | null;
             /** Channel Segments */
             channel_segments?: components["schemas"]["ChannelSegment"][];
             /**
@@ -1487,6 +1483,10 @@ export interface components {
              */
             key_group_end: number | null;
             metrics?: components["schemas"]["AckMetrics"];
+            /** @default null */
+            operator_state: components["schemas"]["BlobRef"] | null;
+            /** @default null */
+            channel_state: components["schemas"]["BlobRef"] | null;
         };
         /** AckBatch */
         AckBatch: {
