@@ -290,8 +290,9 @@ def markdown(r: BenchResults) -> str:
             out.append("Where an unaligned checkpoint's time goes, from the subtasks' own ack metrics (medians "
                        "over the completed checkpoints after warm-up, per vertex): *first barrier* = trigger → first "
                        "barrier at the subtask, *last barrier* = first → last input barrier (in-flight input "
-                       "still being persisted), *sync* = snapshot, *async* = the subtask's blob uploads and ack "
-                       "request, *acked* = trigger → ack recorded by the coordinator.\n")
+                       "still being persisted), *sync* = snapshot, *async* = the subtask's own work before the one "
+                       "request that carries its blobs and ack, *acked* = trigger → ack recorded by the coordinator "
+                       "(so acked − first barrier − sync − async is that request).\n")
             out.append(_table(["depth", "policy", "vertex", "first barrier", "last barrier", "sync", "async",
                                "acked"], rows, "lll" + "r" * 5) + "\n")
         if r.ack_path:
