@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from typing import Any, Literal, TypeVar
 
 import httpx
@@ -17,12 +18,13 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from client._http import API, Call
 from client._upload import BlobData, prepare_blob
 from client.errors import InvalidRequest
-from client.models import (
+from contract.models import (
     AckBatch,
     AckBatchResult,
     AckResult,
     Attempt,
     AttemptCreate,
+    AttemptPage,
     BarrierPolicy,
     BlobInfo,
     ChannelStateManifest,
@@ -31,17 +33,23 @@ from client.models import (
     CheckpointPage,
     CheckpointStatistics,
     CheckpointStatus,
+    CorruptBlob,
     Decline,
     Event,
     ExternalCheckpoint,
     Job,
     JobCreate,
     JobFinish,
+    JobLiveMetrics,
     JobPage,
     JobStatus,
     RestorePlan,
+    RunningReport,
+    RunningState,
     SavepointRequest,
     SubtaskAck,
+    SubtaskMetrics,
+    SubtaskMetricsReport,
     SubtaskReport,
     TriggerRequest,
 )
@@ -134,12 +142,68 @@ class Endpoints:
         )
         return self._send(Call("POST", f"{_job(job_id)}/finish", _model(Job), json=body))
 
-    def start_attempt(self, job_id: int, restore_from: int | Literal["latest"] | None = "latest") -> Attempt:
-        """Open a new attempt; its ``task_token`` is shown only here (see ``with_token``)."""
-        body = _body(AttemptCreate, {"restore_from": restore_from})
+    def start_attempt(
+        self,
+        job_id: int,
+        restore_from: int | Literal["latest"] | None = "latest",
+        *,
+        parallelism: dict[str, int] | None = None,
+        wait_for_running: bool = False,
+        reason: str | None = None,
+    ) -> Attempt:
+        """Open a new attempt; its ``task_token`` is shown only here (see ``with_token``).
+
+        ``restore_from``: a checkpoint or savepoint id, ``"latest"`` (the latest completed, if any) or None (a
+        fresh start). With ``wait_for_running``, periodic checkpoints start one interval after every subtask
+        called ``report_running`` (or after the coordinator's grace period). ``reason`` says why the attempt starts
+        (the job's status message while it runs)."""
+        try:
+            body = AttemptCreate.restoring(
+                restore_from, parallelism=parallelism, wait_for_running=wait_for_running, reason=reason
+            )
+        except (ValueError, ValidationError) as exc:
+            raise InvalidRequest(None, "invalid", f"invalid attempt: {exc}") from exc
         return self._send(
-            Call("POST", f"{_job(job_id)}/attempts", _model(Attempt), json=body, idempotent=False)
+            Call(
+                "POST",
+                f"{_job(job_id)}/attempts",
+                _model(Attempt),
+                json=body.model_dump(mode="json", exclude_defaults=True),
+                idempotent=False,
+            )
         )
+
+    def report_running(self, job_id: int, attempt: int, vertex: str, subtask_index: int) -> RunningState:
+        """Tell the coordinator that this subtask of ``attempt`` runs (idempotent, so retried). Once every subtask
+        did, the attempt's periodic checkpoints count their interval from then (see ``start_attempt``)."""
+        body = _body(RunningReport, {"vertex": vertex, "subtask_index": subtask_index})
+        path = f"{_job(job_id)}/attempts/{int(attempt)}/running"
+        return self._send(Call("POST", path, _model(RunningState), json=body))
+
+    def list_attempts(self, job_id: int, limit: int = 50, offset: int = 0) -> AttemptPage:
+        """The job's attempts, newest first: what each restored, passed over (and why) and rescaled."""
+        params = _query(limit=limit, offset=offset)
+        return self._send(Call("GET", f"{_job(job_id)}/attempts", _model(AttemptPage), params=params))
+
+    def report_metrics(
+        self,
+        job_id: int,
+        attempt: int,
+        vertex: str,
+        subtask_index: int,
+        metrics: SubtaskMetrics | dict[str, Any],
+        timestamp: int | None = None,
+    ) -> None:
+        """A running subtask's latest metrics, measured at ``timestamp`` (ms since the epoch; default now).
+        Idempotent: the coordinator keeps the newest report of each subtask by timestamp."""
+        when = int(time.time() * 1000) if timestamp is None else timestamp
+        body = _body(SubtaskMetricsReport, {"timestamp": when, "metrics": metrics})
+        path = f"{_job(job_id)}/attempts/{int(attempt)}/subtasks/{vertex}/{int(subtask_index)}/metrics"
+        return self._send(Call("POST", path, lambda r: None, json=body))
+
+    def live_metrics(self, job_id: int) -> JobLiveMetrics:
+        """Per vertex of the job's current attempt: records/s and backpressure from its subtasks' reports."""
+        return self._send(Call("GET", f"{_job(job_id)}/metrics", _model(JobLiveMetrics)))
 
     # ----------------------------------------------------------------------------------------- checkpoints
 
@@ -223,6 +287,24 @@ class Endpoints:
             headers["Range"] = f"bytes={first}-{'' if end is None else end}"
         return self._send(Call("GET", f"{_job(job_id)}/blobs/{blob_id}", _bytes, headers=headers))
 
+    def report_corrupt_blob(
+        self,
+        job_id: int,
+        blob_id: str,
+        *,
+        attempt: int,
+        vertex: str,
+        subtask_index: int,
+        reason: str,
+    ) -> BlobInfo:
+        """A restoring subtask read a blob whose bytes do not match its sha256: the coordinator marks it corrupt, so
+        the next attempt's restore plan falls back past its checkpoint (naming the blob and this subtask). Only
+        the current attempt reports; idempotent, so retried (a blob stays marked as first reported)."""
+        body = _body(
+            CorruptBlob, {"attempt": attempt, "vertex": vertex, "subtask_index": subtask_index, "reason": reason}
+        )
+        return self._send(Call("POST", f"{_job(job_id)}/blobs/{blob_id}/corrupt", _model(BlobInfo), json=body))
+
     # ----------------------------------------------------------------------------------------- acks
 
     def ack(self, job_id: int, checkpoint_id: int, ack: SubtaskAck | dict[str, Any]) -> AckResult:
@@ -241,7 +323,11 @@ class Endpoints:
         """A subtask's state blobs and its ack in one request (instead of two uploads and an ack). ``ack`` holds
         the ack's fields (attempt, vertex, subtask_index, channel_segments, ...); the blobs' sha256 and sizes are
         filled in here. Safe to retry: nothing is stored twice, and the same ack again answers ``duplicate``."""
-        fields = ack.model_dump(mode="json") if isinstance(ack, SubtaskReport) else dict(ack)
+        blob_fields = {"operator_state", "channel_state", "written"}  # filled in below from the bytes sent
+        if isinstance(ack, BaseModel):
+            fields = ack.model_dump(mode="json", exclude=blob_fields)
+        else:
+            fields = {k: v for k, v in ack.items() if k not in blob_fields}
         blobs: dict[str, Any] = {}
         for kind, data in (("operator_state", operator_state), ("channel_state", channel_state)):
             if data is not None:

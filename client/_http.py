@@ -1,7 +1,8 @@
 """What the sync and async clients share below the endpoints: the description of one call, the retry policy,
 the connection settings, and the bookkeeping of a resumable event stream.
 
-Nothing here does I/O; ``client.sync`` and ``client.aio`` run these descriptions with httpx.
+Nothing here does I/O; ``client.sync`` and ``client.aio`` run these descriptions with httpx, and retry them with
+tenacity by the policy of :class:`RetryPolicy`.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from email.utils import parsedate_to_datetime
 from typing import Any, Generic, TypeVar
 
 import httpx
+import tenacity
 
 from client.errors import CoordinatorUnreachable, OutcomeUnknown, OvertakeError, error_from_response
-from client.models import Event
+from contract.models import Event
 
 T = TypeVar("T")
 
@@ -134,35 +136,60 @@ def retryable_status(status: int) -> bool:
     return status == 429 or status >= 500
 
 
-class Attempts:
-    """The retry bookkeeping of one call: after each failure it says how long to wait, or raises the error to give.
+class RetryPolicy:
+    """Which failures of one call are tried again, and how long to wait, as a tenacity policy.
 
     Idempotent calls are repeated on transient network errors, 5xx and 429. The others (triggers, savepoints,
-    job creation, attempts) only when the request never left, so the coordinator cannot apply them twice.
+    job creation, attempts) only when the request never left, so the coordinator cannot apply them twice. Waits
+    are ``ClientConfig.delay`` (jittered exponential backoff, at least what a ``Retry-After`` asks for). Once the
+    retries are spent, or for a failure that is not retried, the call's error is raised: the coordinator's error for
+    an answer, :class:`CoordinatorUnreachable` or :class:`OutcomeUnknown` for no answer.
     """
 
     def __init__(self, config: ClientConfig, call: Call[Any]) -> None:
         self.config = config
         self.call = call
-        self.attempt = 0
 
-    def after_error(self, exc: httpx.TransportError) -> float:
-        safe = isinstance(exc, NOT_SENT) or (self.call.idempotent and isinstance(exc, TRANSIENT))
-        if safe and self.attempt < self.config.retries:
-            self.attempt += 1
-            return self.config.delay(self.attempt - 1)
-        raise unreachable(self.config, self.call, exc, self.attempt) from exc
+    def should_retry(self, state: tenacity.RetryCallState) -> bool:
+        outcome = state.outcome
+        if outcome is None:  # pragma: no cover - tenacity always sets it before asking
+            return False
+        if outcome.failed:
+            exc = outcome.exception()
+            if not isinstance(exc, httpx.TransportError):
+                return False
+            return isinstance(exc, NOT_SENT) or (self.call.idempotent and isinstance(exc, TRANSIENT))
+        response = outcome.result()
+        return self.call.idempotent and not response.is_success and retryable_status(response.status_code)
 
-    def after_response(self, response: httpx.Response) -> float:
-        """For an error response (already read): the delay before the retry, or raises the coordinator's error."""
-        if (
-            self.call.idempotent
-            and retryable_status(response.status_code)
-            and self.attempt < self.config.retries
-        ):
-            self.attempt += 1
-            return self.config.delay(self.attempt - 1, response)
+    def wait(self, state: tenacity.RetryCallState) -> float:
+        outcome = state.outcome
+        response = None if outcome is None or outcome.failed else outcome.result()
+        return self.config.delay(state.attempt_number - 1, response)
+
+    def kwargs(self) -> dict[str, Any]:
+        return {
+            "retry": self.should_retry,
+            "wait": self.wait,
+            "stop": tenacity.stop_after_attempt(self.config.retries + 1),
+            "retry_error_callback": lambda state: state.outcome.result(),  # the last answer, or its error
+            "reraise": True,
+        }
+
+    def retrying(self, sleep: Callable[[float], None]) -> tenacity.Retrying:
+        return tenacity.Retrying(sleep=sleep, **self.kwargs())
+
+    def async_retrying(self, sleep: Callable[[float], Any]) -> tenacity.AsyncRetrying:
+        return tenacity.AsyncRetrying(sleep=sleep, **self.kwargs())
+
+    def answer(self, response: httpx.Response) -> Any:
+        """The parsed answer of a success; raises the coordinator's error for any other answer."""
+        if response.is_success:
+            return self.call.parse(response)
         raise error_from_response(response)
+
+    def failed(self, exc: httpx.TransportError, tries: int) -> OvertakeError:
+        return unreachable(self.config, self.call, exc, tries - 1)
 
 
 def unreachable(config: ClientConfig, call: Call[Any] | None, exc: Exception, retried: int) -> OvertakeError:
@@ -186,18 +213,33 @@ class EventStream:
 
     A dropped connection or a 5xx is retried ``retries`` times in a row (the count restarts once a connection is
     open); a stream the server ends cleanly is reopened, unless it keeps ending without sending anything.
+    With ``max_reconnect_time`` (seconds; ``math.inf`` to follow for as long as the caller iterates) it is retried
+    instead until the stream has been down for that long without a break, with backoff capped at
+    ``max_backoff``. Every reconnection resumes after the last event seen, and an event seen before is never
+    passed on again, so no event is lost or repeated. A 4xx (the job is gone, the token ended) always ends it.
     """
 
-    def __init__(self, config: ClientConfig, job_id: int, after: int | None, reconnect: bool) -> None:
+    def __init__(
+        self,
+        config: ClientConfig,
+        job_id: int,
+        after: int | None,
+        reconnect: bool,
+        max_reconnect_time: float | None = None,
+    ) -> None:
+        if max_reconnect_time is not None and not max_reconnect_time >= 0:
+            raise ValueError(f"max_reconnect_time must be a number of seconds >= 0, got {max_reconnect_time!r}")
         self.config = config
         self.path = f"{API}/jobs/{job_id}/events"
         self.last_id = after
         self.reconnect = reconnect
+        self.max_reconnect_time = max_reconnect_time
         self.failures = 0
         self.empty_closes = 0
         self.received = 0
         self.server_retry_ms: int | None = None
         self.is_open = False
+        self.down_since: float | None = None
 
     def connecting(self) -> dict[str, str]:
         """Called before each (re)connection; returns its headers."""
@@ -215,26 +257,43 @@ class EventStream:
         self.is_open = True
         self.failures = 0
         self.received = 0
+        self.down_since = None
 
-    def seen(self, event: Event, retry_ms: int | None) -> None:
+    def seen(self, event: Event, retry_ms: int | None) -> bool:
+        """Record an event; False when it was passed on before (a server replaying it after a reconnect)."""
+        if retry_ms is not None:
+            self.server_retry_ms = retry_ms
+        if self.last_id is not None and event.id <= self.last_id:
+            return False
         self.last_id = event.id
         self.received += 1
         self.empty_closes = 0
-        if retry_ms is not None:
-            self.server_retry_ms = retry_ms
+        return True
+
+    def _may_retry(self) -> bool:
+        if not self.reconnect:
+            return False
+        if self.max_reconnect_time is None:
+            return self.failures < self.config.retries
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+        return time.monotonic() - self.down_since < self.max_reconnect_time
+
+    def _backoff(self) -> int:
+        return min(self.failures, 30)  # the delay is capped anyway; keep the exponent small
 
     def after_error_response(self, response: httpx.Response) -> float:
-        if self.reconnect and retryable_status(response.status_code) and self.failures < self.config.retries:
+        if retryable_status(response.status_code) and self._may_retry():
             self.failures += 1
-            return self.config.delay(self.failures - 1, response)
+            return self.config.delay(self._backoff() - 1, response)
         raise error_from_response(response)
 
     def after_error(self, exc: httpx.TransportError) -> float:
         if isinstance(exc, httpx.ReadTimeout) and self.is_open and self.reconnect:
             return 0.0  # a quiet stream, not a failure
-        if self.reconnect and isinstance(exc, NOT_SENT + TRANSIENT) and self.failures < self.config.retries:
+        if isinstance(exc, NOT_SENT + TRANSIENT) and self._may_retry():
             self.failures += 1
-            return self.config.delay(self.failures - 1)
+            return self.config.delay(self._backoff() - 1)
         call = Call("GET", self.path, parse=lambda r: None)
         raise unreachable(self.config, call, exc, self.failures) from exc
 
@@ -244,8 +303,8 @@ class EventStream:
             return None
         if self.received == 0:
             self.empty_closes += 1
-            if self.empty_closes > self.config.retries:
+            if self.max_reconnect_time is None and self.empty_closes > self.config.retries:
                 return None
         if self.server_retry_ms is not None:
             return self.server_retry_ms / 1000
-        return self.config.delay(self.empty_closes)
+        return self.config.delay(min(self.empty_closes, 30))

@@ -6,6 +6,7 @@ iterator.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Iterator
 from typing import TypeVar
 
@@ -14,9 +15,9 @@ import anyio.to_thread
 import httpx
 
 from client._endpoints import Endpoints
-from client._http import Attempts, Body, Call, ClientConfig, EventStream
-from client.models import Event
+from client._http import Body, Call, ClientConfig, EventStream, RetryPolicy
 from client.sse import SSEDecoder, aiter_sse
+from contract.models import Event
 
 T = TypeVar("T")
 
@@ -81,30 +82,45 @@ class AsyncOvertakeClient(Endpoints):
         await self.aclose()
 
     async def _send(self, call: Call[T]) -> T:
-        attempts = Attempts(self.config, call)
-        while True:
-            try:
-                response = await self._http.request(
-                    call.method,
-                    call.path,
-                    params=call.params,
-                    json=call.json,
-                    content=_async_chunks(call.body) if call.body is not None else None,
-                    headers=call.headers,
-                    files=call.files,
-                )
-            except httpx.TransportError as exc:
-                await anyio.sleep(attempts.after_error(exc))
-                continue
-            if response.is_success:
-                return call.parse(response)
-            await anyio.sleep(attempts.after_response(response))
+        policy = RetryPolicy(self.config, call)
+        tries = 0
+
+        async def once() -> httpx.Response:
+            nonlocal tries
+            tries += 1
+            response = await self._http.request(
+                call.method,
+                call.path,
+                params=call.params,
+                json=call.json,
+                content=_async_chunks(call.body) if call.body is not None else None,
+                headers=call.headers,
+                files=call.files,
+            )
+            await response.aread()
+            return response
+
+        async def sleep(seconds: float) -> None:
+            await anyio.sleep(seconds)
+
+        try:
+            response = await policy.async_retrying(sleep=sleep)(once)
+        except httpx.TransportError as exc:
+            raise policy.failed(exc, tries) from exc
+        return policy.answer(response)
 
     async def events(
-        self, job_id: int, after: int | None = None, reconnect: bool = True
+        self,
+        job_id: int,
+        after: int | None = None,
+        reconnect: bool = True,
+        *,
+        reconnect_forever: bool = False,
+        max_reconnect_time: float | None = None,
     ) -> AsyncIterator[Event]:
         """Follow the job's events; see ``OvertakeClient.events``."""
-        stream = EventStream(self.config, job_id, after, reconnect)
+        limit = math.inf if reconnect_forever else max_reconnect_time
+        stream = EventStream(self.config, job_id, after, reconnect, limit)
         while True:
             headers = stream.connecting()
             decoder = SSEDecoder()
@@ -119,8 +135,8 @@ class AsyncOvertakeClient(Endpoints):
                     stream.opened()
                     async for sse in aiter_sse(response.aiter_lines(), decoder):
                         event = Event.model_validate_json(sse.data)
-                        stream.seen(event, sse.retry)
-                        yield event
+                        if stream.seen(event, sse.retry):
+                            yield event
             except httpx.TransportError as exc:
                 if self._http.is_closed:  # closed (maybe from another thread) to end the stream
                     return

@@ -1,4 +1,4 @@
-"""The Overtake SDK's public surface: the sync and async clients and their errors (wire models: client.models).
+"""The Overtake SDK's public surface: the sync and async clients and their errors (wire models: contract.models).
 
 from client.sdk import OvertakeClient
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from typing import TypeVar
@@ -9,9 +10,9 @@ from typing import TypeVar
 import httpx
 
 from client._endpoints import Endpoints
-from client._http import Attempts, Call, ClientConfig, EventStream
-from client.models import Event
+from client._http import Call, ClientConfig, EventStream, RetryPolicy
 from client.sse import SSEDecoder, iter_sse
+from contract.models import Event
 
 T = TypeVar("T")
 
@@ -61,29 +62,48 @@ class OvertakeClient(Endpoints):
         self.close()
 
     def _send(self, call: Call[T]) -> T:
-        attempts = Attempts(self.config, call)
-        while True:
-            try:
-                response = self._http.request(
-                    call.method,
-                    call.path,
-                    params=call.params,
-                    json=call.json,
-                    content=call.body.chunks() if call.body is not None else None,
-                    headers=call.headers,
-                    files=call.files,
-                )
-            except httpx.TransportError as exc:
-                time.sleep(attempts.after_error(exc))
-                continue
-            if response.is_success:
-                return call.parse(response)
-            time.sleep(attempts.after_response(response))
+        policy = RetryPolicy(self.config, call)
+        tries = 0
 
-    def events(self, job_id: int, after: int | None = None, reconnect: bool = True) -> Iterator[Event]:
+        def once() -> httpx.Response:
+            nonlocal tries
+            tries += 1
+            response = self._http.request(
+                call.method,
+                call.path,
+                params=call.params,
+                json=call.json,
+                content=call.body.chunks() if call.body is not None else None,
+                headers=call.headers,
+                files=call.files,
+            )
+            response.read()
+            return response
+
+        try:
+            response = policy.retrying(sleep=lambda seconds: time.sleep(seconds))(once)
+        except httpx.TransportError as exc:
+            raise policy.failed(exc, tries) from exc
+        return policy.answer(response)
+
+    def events(
+        self,
+        job_id: int,
+        after: int | None = None,
+        reconnect: bool = True,
+        *,
+        reconnect_forever: bool = False,
+        max_reconnect_time: float | None = None,
+    ) -> Iterator[Event]:
         """Follow the job's events (server-sent events). A dropped connection is reopened with ``Last-Event-ID``,
-        so no event is lost or repeated; with ``reconnect=False`` the iterator ends when the stream does."""
-        stream = EventStream(self.config, job_id, after, reconnect)
+        so no event is lost or repeated; with ``reconnect=False`` the iterator ends when the stream does.
+
+        By default a stream that cannot be reopened ``retries`` times in a row raises ``CoordinatorUnreachable``.
+        With ``max_reconnect_time`` (seconds) it keeps reconnecting, with backoff capped at 10 s, until the
+        coordinator has been unreachable that long without a break; with ``reconnect_forever=True`` for as long
+        as the caller iterates (close the client, or stop iterating, to end it)."""
+        limit = math.inf if reconnect_forever else max_reconnect_time
+        stream = EventStream(self.config, job_id, after, reconnect, limit)
         while True:
             headers = stream.connecting()
             decoder = SSEDecoder()
@@ -98,8 +118,8 @@ class OvertakeClient(Endpoints):
                     stream.opened()
                     for sse in iter_sse(response.iter_lines(), decoder):
                         event = Event.model_validate_json(sse.data)
-                        stream.seen(event, sse.retry)
-                        yield event
+                        if stream.seen(event, sse.retry):
+                            yield event
             except httpx.TransportError as exc:
                 if self._http.is_closed:  # closed (maybe from another thread) to end the stream
                     return

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from client.models import AckMetrics, Attempt, BlobRef, Checkpoint, SubtaskAck
 from client.sync import OvertakeClient
+from contract.models import AckMetrics, Attempt, BlobRef, Checkpoint, SubtaskAck
 
 # src (2 subtasks) --rebalance--> sink (1 subtask): three subtasks ack each checkpoint
 SUBTASKS = [("src", 0), ("src", 1), ("sink", 0)]

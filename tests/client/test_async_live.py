@@ -6,7 +6,7 @@ import pytest
 
 from client.aio import AsyncOvertakeClient
 from client.errors import Conflict, NotFound
-from client.models import CheckpointStatus, EventType, SubtaskAck
+from contract.models import CheckpointStatus, EventType, SubtaskAck
 from tests.client._jobs import SUBTASKS, job_spec
 
 

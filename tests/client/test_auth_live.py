@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from client.errors import Forbidden, Unauthorized
-from client.models import SubtaskAck
 from client.sync import OvertakeClient
+from contract.models import SubtaskAck
 from tests.client._jobs import job_spec
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from client.cli_format import duration, human_bytes
+from cli.format import duration, human_bytes
 
 
 @pytest.mark.parametrize(
@@ -10,7 +10,7 @@ from client.cli_format import duration, human_bytes
     [
         (None, "-"),
         (0, "0 B"),
-        (1023, "1023 B"),
+        (1023, "1,023 B"),
         (1536, "1.5 KiB"),
         (5 * 1024**2, "5.0 MiB"),
         (3 * 1024**4, "3.0 TiB"),

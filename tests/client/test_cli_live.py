@@ -9,10 +9,10 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from client.cli import app
+from cli.main import app
 from client.errors import NotFound
-from client.models import Checkpoint, CheckpointDetail, Event, Job, JobPage, RestorePlan
 from client.sync import OvertakeClient
+from contract.models import Checkpoint, CheckpointDetail, Event, Job, JobPage, RestorePlan
 from tests.client._jobs import SUBTASKS, complete_checkpoint, job_spec
 
 WIDE = {"COLUMNS": "250"}
@@ -81,6 +81,9 @@ def test_checkpoints_show_has_a_row_per_subtask(overtake, checkpointed):
         assert "4.0 KiB" in row  # processed data of the ack
         assert "40 ms" in row  # async duration
     assert re.search(r"acknowledged\s+3/3", out)
+    by_vertex = out.split("by vertex")[1].split("┏")[1].split("subtasks")[0]
+    src = next(line for line in by_vertex.splitlines() if "│ src " in line)
+    assert "2/2" in src and "4.0 KiB / 4.0 KiB" in src  # processed: avg / max across its two subtasks
     detail = CheckpointDetail.model_validate_json(
         ok(overtake("--json", "checkpoints", "show", str(job.id), str(cp.id)))
     )

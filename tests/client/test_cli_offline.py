@@ -11,7 +11,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from client import cli
+from cli import main as cli
 from client.sync import OvertakeClient
 from tests.client._fakes import NOW, Script, checkpoint, error
 
@@ -23,7 +23,7 @@ def coordinator(monkeypatch):
     """Routes the CLI's client to a scripted fake coordinator."""
     script = Script()
 
-    def client(url=None, token=None):
+    def client(url=None, token=None, **_):
         return OvertakeClient("http://fake:1", token=token, retries=0, transport=httpx.MockTransport(script))
 
     monkeypatch.setattr(cli, "OvertakeClient", client)
@@ -34,20 +34,29 @@ def test_a_missing_optional_module_is_one_line_and_exit_2(monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "benchmarks.cli", None)  # as if the benchmarks were not installed
-    result = runner.invoke(cli.app, ["bench", "--rounds", "3"])
+    result = runner.invoke(cli.app, ["bench", "--quick"])
     assert result.exit_code == 2
     assert result.stderr.strip().startswith("error: the benchmarks (benchmarks.cli) is not available")
     assert "Traceback" not in result.output
 
 
-def test_an_unreachable_coordinator_is_reported_with_its_url_and_exit_1(monkeypatch):
-    monkeypatch.setattr("client.sync.time.sleep", lambda _: None)
+def test_an_unreachable_coordinator_is_reported_in_the_command_lines_terms_and_exit_1():
     result = runner.invoke(
         cli.app, ["--url", "http://127.0.0.1:9", "jobs", "show", "1"], env={"COLUMNS": "200"}
     )
     assert result.exit_code == 1
     assert "cannot reach the coordinator at http://127.0.0.1:9" in result.stderr
+    assert "Is it running? Start one with 'overtake serve'" in result.stderr and "--url" in result.stderr
+    assert "/api/v1" not in result.stderr and "GET" not in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_the_command_line_gives_up_on_a_down_coordinator_after_two_quick_retries(monkeypatch):
+    delays: list[float] = []
+    monkeypatch.setattr("client.sync.time.sleep", delays.append)
+    result = runner.invoke(cli.app, ["--url", "http://127.0.0.1:9", "jobs", "list"])
+    assert result.exit_code == 1
+    assert len(delays) == cli.CLI_RETRIES and sum(delays) <= 0.6  # at most 0.2 + 0.4 s of backoff
 
 
 def test_server_errors_print_the_servers_message_and_exit_1(coordinator):
@@ -97,18 +106,117 @@ def test_json_output_is_the_models_json(coordinator):
     coordinator.answers.append(httpx.Response(201, json=checkpoint(3)))
     result = runner.invoke(cli.app, ["--json", "checkpoints", "trigger", "1", "--policy", "unaligned"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout) == checkpoint(3) | {"stop_job": False, "details": None}
+    assert json.loads(result.stdout) == checkpoint(3) | {
+        "stop_job": False, "details": None, "failure_timestamp": None, "abort_reason": None
+    }
     assert json.loads(coordinator.bodies[0]) == {"policy": "unaligned"}
 
 
-def test_demo_passes_its_arguments_through_and_exits_with_their_status(monkeypatch):
+def test_demo_options_are_typer_options_and_its_status_is_the_exit_code(monkeypatch):
     import sys
     import types
 
+    from cli.demo import DemoOptions
+
     received = []
-    fake = types.ModuleType("spark_plugin.demo")
-    fake.main = lambda argv: received.append(argv) or 3
-    monkeypatch.setitem(sys.modules, "spark_plugin.demo", fake)
-    result = runner.invoke(cli.app, ["demo", "--records", "1000", "--help", "-x"])
-    assert received == [["--records", "1000", "--help", "-x"]]
+    fake = types.ModuleType("cli.demo")
+    fake.DemoOptions = DemoOptions
+    fake.run = lambda options: received.append(options) or 3
+    monkeypatch.setitem(sys.modules, "cli.demo", fake)
+    result = runner.invoke(cli.app, ["demo", "--duration", "5", "--only", "aligned", "--no-wait"])
     assert result.exit_code == 3
+    (options,) = received
+    assert (options.duration, options.only, options.wait, options.coordinator) == (5.0, "aligned", False, None)
+    bad = runner.invoke(cli.app, ["demo", "--only", "sideways"])
+    assert bad.exit_code == 2 and "sideways" in bad.output
+
+
+def test_a_run_without_a_terminal_does_not_wait_after_the_demo(monkeypatch):
+    import sys
+    import types
+
+    from cli.demo import DemoOptions
+
+    received = []
+    fake = types.ModuleType("cli.demo")
+    fake.DemoOptions = DemoOptions
+    fake.run = lambda options: received.append(options) or 0
+    monkeypatch.setitem(sys.modules, "cli.demo", fake)
+    assert runner.invoke(cli.app, ["demo"]).exit_code == 0  # CliRunner's input is no terminal
+    assert received[0].wait is False
+
+
+def test_bench_takes_scenarios_and_options_as_typer_arguments(monkeypatch):
+    import sys
+    import types
+
+    from benchmarks.cli import BenchUsageError, bench_args
+
+    received = []
+    fake = types.ModuleType("benchmarks.cli")
+    fake.BenchUsageError, fake.bench_args = BenchUsageError, bench_args
+    fake.main = lambda args: received.append(args) or 0
+    monkeypatch.setitem(sys.modules, "benchmarks.cli", fake)
+    result = runner.invoke(cli.app, ["bench", "disk", "checkpoints", "--quick", "--policies", "aligned"])
+    assert result.exit_code == 0, result.output
+    (args,) = received
+    assert args.chosen == ["checkpoints", "disk"] and args.quick and args.policies == "aligned"
+    assert args.command() == "overtake bench checkpoints disk --quick --policies aligned"
+    bad = runner.invoke(cli.app, ["bench", "--policies", "sideways"])
+    assert bad.exit_code == 2 and "unknown policy 'sideways'" in bad.output
+    assert runner.invoke(cli.app, ["bench", "nope"]).exit_code == 2
+
+
+def test_json_is_a_flag_before_or_after_the_command(coordinator):
+    coordinator.answers.append(httpx.Response(201, json=checkpoint(3)))
+    result = runner.invoke(cli.app, ["checkpoints", "trigger", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["id"] == 3
+    helped = runner.invoke(cli.app, ["jobs", "list", "--help"], env={"COLUMNS": "120"})
+    assert "--json " in helped.output and "<bool>" not in helped.output and "BOOLEAN" not in helped.output
+
+
+def _page_of_checkpoints() -> dict:
+    items = []
+    for i in range(1, 6):
+        cp = checkpoint(i) | {
+            "status": "COMPLETED",
+            "end_to_end_duration": 1234 * i,
+            "state_size": 5 * 1024**2,
+            "persisted_data": 700 * 1024,
+            "processed_data": 3 * 1024**2,
+            "alignment_duration": 12,
+            "num_acknowledged_subtasks": 2,
+            "checkpoint_type": "unaligned",
+        }
+        items.append(cp)
+    items.append(
+        checkpoint(6)
+        | {
+            "status": "ABORTED",
+            "failure_reason": "declined: subtask count[1]: count[1] could not snapshot: the state backend on "
+            "executor 7 is unavailable (connection refused)",
+            "abort_reason": "declined",
+        }
+    )
+    items.append(
+        checkpoint(7)
+        | {"status": "ABORTED", "failure_reason": "job_ended: the job ended as FINISHED", "abort_reason": "job_ended"}
+    )
+    return {"items": items, "total": 7}
+
+
+@pytest.mark.parametrize("width", [60, 80, 100, 160])
+def test_tables_fit_the_terminal_without_wrapping_cells(coordinator, width):
+    coordinator.answers.append(httpx.Response(200, json=_page_of_checkpoints()))
+    result = runner.invoke(cli.app, ["checkpoints", "list", "1"], env={"COLUMNS": str(width)})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= width
+    rows = [line for line in lines if line.startswith("│") and line[1:].strip()[:1].isdigit()]
+    assert len(rows) == 7  # one line per checkpoint: no cell wrapped onto a second line
+    assert "COMPLETED" in rows[0] and "NOT FINISHED" in rows[6]
+    if width < 120:
+        assert "left out for the width" in result.stdout
+    else:
+        assert "left out" not in result.stdout and "declined: subtask" in rows[5]

@@ -9,7 +9,7 @@ import sys
 
 from typer.testing import CliRunner
 
-from client.cli import app
+from cli.main import app
 from tests.live import free_port
 
 
@@ -35,7 +35,7 @@ def test_serve_runs_a_coordinator_that_answers_the_sdk(tmp_path):
     from client.sync import OvertakeClient
 
     port = free_port()
-    cmd = [sys.executable, "-c", "from client.cli import main; main()", "serve", "--port", str(port)]
+    cmd = [sys.executable, "-c", "from cli.main import main; main()", "serve", "--port", str(port)]
     proc = subprocess.Popen(cmd, env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         with OvertakeClient(f"http://127.0.0.1:{port}", retries=12, backoff=0.1) as c:
@@ -57,7 +57,7 @@ def test_a_port_in_use_is_reported_without_a_traceback(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        cmd = [sys.executable, "-c", "from client.cli import main; main()", "serve", "--port", str(port)]
+        cmd = [sys.executable, "-c", "from cli.main import main; main()", "serve", "--port", str(port)]
         done = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "Traceback" not in done.stderr, done.stderr[-2000:]

@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from client.errors import CoordinatorUnreachable, NotFound
-from client.models import EventType
 from client.sdk import AsyncOvertakeClient, OvertakeClient
+from contract.models import EventType
 from tests.client._fakes import Script, error, sse_event
 
 URL = "http://coordinator.test:8321"
@@ -115,3 +115,48 @@ def test_closing_the_client_ends_a_followed_stream_quietly():
     c.close()  # e.g. from another thread, to stop a subtask's event feed
     assert list(events) == []
     assert len(script.requests) == 1
+
+
+def test_reconnect_forever_outlasts_any_number_of_failed_reconnects_and_resumes_after_the_last_event():
+    outage = [httpx.ConnectError("refused")] * 12 + [error(503, "unavailable", "starting")] * 8
+    script = Script(
+        stream(sse_event(1), sse_event(2), fail=httpx.ReadError("reset")),
+        *outage,
+        stream(sse_event(2), sse_event(3)),  # a server that sends the last seen event again
+    )
+    c = OvertakeClient(URL, retries=3, transport=httpx.MockTransport(script))
+    seen = list(itertools.islice(c.events(1, reconnect_forever=True), 3))
+    assert [e.id for e in seen] == [1, 2, 3]  # nothing lost, nothing twice
+    assert all(r.headers["Last-Event-ID"] == "2" for r in script.requests[1:])
+
+
+async def test_the_async_client_reconnects_forever_too():
+    script = Script(
+        stream(sse_event(1), fail=httpx.ReadError("reset")),
+        *[httpx.ConnectError("refused")] * 10,
+        stream(sse_event(2)),
+    )
+    async with AsyncOvertakeClient(URL, retries=1, transport=httpx.MockTransport(script.handle_async)) as c:
+        seen = []
+        async for e in c.events(1, reconnect_forever=True):
+            seen.append(e.id)
+            if len(seen) == 2:
+                break
+    assert seen == [1, 2]
+
+
+def test_max_reconnect_time_gives_up_once_the_coordinator_stayed_away_that_long():
+    class Down:
+        def __call__(self, request):
+            raise httpx.ConnectError("refused")
+
+    c = OvertakeClient(URL, retries=0, transport=httpx.MockTransport(Down()))
+    with pytest.raises(CoordinatorUnreachable):
+        list(c.events(1, max_reconnect_time=0.05))
+
+
+def test_a_4xx_ends_a_stream_followed_forever():
+    script = Script(error(401, "unauthorized", "this task token belongs to attempt 1 of job 1, which ended"))
+    c = OvertakeClient(URL, transport=httpx.MockTransport(script))
+    with pytest.raises(Exception, match="which ended"):
+        list(c.events(1, reconnect_forever=True))

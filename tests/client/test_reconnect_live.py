@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from client.errors import CoordinatorUnreachable, OutcomeUnknown
-from client.models import CheckpointStatus, EventType
 from client.sync import OvertakeClient
+from contract.models import CheckpointStatus, EventType
 from tests.client._jobs import SUBTASKS, job_spec, upload_and_ack
 
 

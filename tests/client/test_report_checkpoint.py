@@ -9,8 +9,8 @@ import pytest
 
 from client.aio import AsyncOvertakeClient
 from client.errors import Conflict, InvalidRequest
-from client.models import CheckpointStatus, CheckpointType, ExternalCheckpoint
 from client.sync import OvertakeClient
+from contract.models import CheckpointStatus, CheckpointType, ExternalCheckpoint
 
 
 @pytest.fixture

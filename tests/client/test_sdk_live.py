@@ -9,7 +9,8 @@ import time
 import pytest
 
 from client.errors import Conflict, InvalidRequest, NotFound, RangeNotSatisfiable
-from client.models import (
+from client.sync import OvertakeClient
+from contract.models import (
     AckMetrics,
     BlobRef,
     ChannelSegment,
@@ -20,7 +21,6 @@ from client.models import (
     JobStatus,
     SubtaskAck,
 )
-from client.sync import OvertakeClient
 from tests.client._jobs import SUBTASKS, complete_checkpoint, job_spec, state_of, upload_and_ack
 
 
@@ -351,3 +351,18 @@ def test_the_stream_delivers_events_that_happen_while_following(sdk, running):
         EventType.checkpoint_triggered,
         cp.id,
     )
+
+
+def test_start_attempt_translates_restore_from_and_running_reports_are_idempotent(coordinator):
+    with OvertakeClient(coordinator.url, retries=2) as c:
+        job = c.create_job({"name": "running", "graph": {"vertices": [{"id": "a", "parallelism": 2}]}})
+        fresh = c.start_attempt(job.id, restore_from=None, wait_for_running=True)
+        assert fresh.restore_plan.checkpoint_id is None and not fresh.restore_plan.requested_latest
+        latest = c.start_attempt(job.id)
+        assert latest.restore_plan.requested_latest and latest.attempt == 2
+        assert c.report_running(job.id, 2, "a", 0).running_subtasks == 1
+        assert c.report_running(job.id, 2, "a", 0).running_subtasks == 1
+        state = c.report_running(job.id, 2, "a", 1)
+        assert state.running_subtasks == 2 and state.all_running_at is not None
+        with pytest.raises(InvalidRequest):
+            c.start_attempt(job.id, restore_from="newest")

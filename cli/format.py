@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
-from client.models import (
+from contract import units
+from contract.models import (
     Checkpoint,
     CheckpointDetail,
     CheckpointStatistics,
@@ -45,14 +47,7 @@ STATUS_STYLES = {
 
 def human_bytes(n: int | float | None) -> str:
     """``1536`` → ``1.5 KiB``; bytes below 1 KiB as they are."""
-    if n is None:
-        return DASH
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
+    return units.human_bytes(n, DASH)
 
 
 def duration(ms: int | float | None) -> str:
@@ -89,15 +84,88 @@ def _text(value: Any) -> Text:
     return Text(DASH if value is None else str(value))
 
 
+@dataclass(frozen=True)
+class Col:
+    """A column of a :class:`FitTable`: ``keep`` ranks how long it stays when the width runs out (higher stays
+    longer); a ``free`` column holds free text that may be cut short with an ellipsis."""
+
+    name: str
+    keep: int = 5
+    right: bool = False
+    free: bool = False
+
+
+FREE_MIN = 16
+"""The narrowest a free-text column gets before columns are left out."""
+
+
+class FitTable:
+    """A table that fits the width it is drawn in (the terminal's, or ``COLUMNS``): cells never wrap; free-text
+    columns are cut short with an ellipsis first, then the least important columns are left out, and the title says
+    which (``--json`` has everything)."""
+
+    def __init__(self, title: str | None, columns: list[Col], rows: Iterable[Iterable[Any]]) -> None:
+        self.title = title
+        self.columns = columns
+        self.rows = [[_text(v) for v in row] for row in rows]
+
+    def _widths(self, index: int) -> tuple[int, int]:
+        """(natural, narrowest) width of a column, padding included."""
+        col = self.columns[index]
+        natural = max([len(col.name), *(row[index].cell_len for row in self.rows)])
+        narrowest = min(natural, max(len(col.name), FREE_MIN)) if col.free else natural
+        return natural + 3, narrowest + 3
+
+    def layout(self, width: int) -> tuple[list[int], list[str]]:
+        """The indices of the columns that fit in ``width``, and the names of those left out."""
+        shown = list(range(len(self.columns)))
+        left_out: list[str] = []
+        while len(shown) > 1 and sum(self._widths(i)[1] for i in shown) + 1 > width:
+            victim = min(shown, key=lambda i: (self.columns[i].keep, -i))
+            shown.remove(victim)
+            left_out.append(self.columns[victim].name)
+        return shown, left_out
+
+    def table(self, width: int) -> Table:
+        shown, left_out = self.layout(width)
+        title = self.title
+        if left_out:
+            note = f"(left out for the width: {', '.join(left_out)}; widen the terminal or use --json)"
+            title = f"{title} {note}" if title else note
+        table = Table(title=title, title_justify="left", header_style="bold")
+        fixed = sum(self._widths(i)[0] for i in shown if not self.columns[i].free)
+        free = [i for i in shown if self.columns[i].free]
+        room = (width - 1 - fixed) // max(1, len(free)) - 3  # what is left for each free-text column
+        for i in shown:
+            col = self.columns[i]
+            natural = self._widths(i)[0] - 3
+            table.add_column(
+                col.name,
+                justify="right" if col.right else "left",
+                no_wrap=True,
+                overflow="ellipsis",
+                min_width=min(natural, FREE_MIN) if col.free else natural,
+                max_width=max(min(natural, FREE_MIN), room) if col.free else None,
+            )
+        for row in self.rows:
+            table.add_row(*(row[i] for i in shown))
+        return table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.table(options.max_width)
+
+
 def _table(
-    title: str | None, columns: Iterable[str], rows: Iterable[Iterable[Any]], right: set[str] = frozenset()
-) -> Table:
-    table = Table(title=title, title_justify="left", header_style="bold")
-    for column in columns:
-        table.add_column(column, justify="right" if column in right else "left", overflow="fold")
-    for row in rows:
-        table.add_row(*(_text(v) for v in row))
-    return table
+    title: str | None,
+    columns: Iterable[str],
+    rows: Iterable[Iterable[Any]],
+    right: set[str] = frozenset(),
+    keep: dict[str, int] | None = None,
+    free: set[str] = frozenset(),
+) -> FitTable:
+    keep = keep or {}
+    cols = [Col(c, keep.get(c, 5), c in right, c in free) for c in columns]
+    return FitTable(title, cols, rows)
 
 
 def _fields(pairs: Iterable[tuple[str, Any]]) -> Table:
@@ -117,7 +185,7 @@ def compact_json(value: Any) -> str:
 # ------------------------------------------------------------------------------------------- jobs
 
 
-def jobs_table(page: JobPage) -> Table:
+def jobs_table(page: JobPage) -> FitTable:
     rows = [
         (
             job.id,
@@ -125,7 +193,7 @@ def jobs_table(page: JobPage) -> Table:
             status(job.status),
             job.current_attempt,
             job.num_completed,
-            job.num_failed,
+            job.num_failed - job.num_interrupted,
             job.num_in_progress,
             job.latest_completed_checkpoint_id,
             timestamp(job.updated_at),
@@ -135,7 +203,12 @@ def jobs_table(page: JobPage) -> Table:
     columns = ["id", "name", "status", "attempt", "completed", "failed", "in progress", "latest", "updated"]
     title = f"{len(page.items)} of {page.total} jobs"
     return _table(
-        title, columns, rows, right={"id", "attempt", "completed", "failed", "in progress", "latest"}
+        title,
+        columns,
+        rows,
+        right={"id", "attempt", "completed", "failed", "in progress", "latest"},
+        keep={"id": 9, "name": 9, "status": 9, "latest": 7, "completed": 6, "failed": 6, "updated": 1},
+        free={"name"},
     )
 
 
@@ -156,7 +229,8 @@ def job_view(job: Job) -> Group:
             ("updated", timestamp(job.updated_at)),
             (
                 "checkpoints",
-                f"{job.num_completed} completed, {job.num_failed} failed, {job.num_in_progress} in progress",
+                f"{job.num_completed} completed, {job.num_failed - job.num_interrupted} failed, "
+                f"{job.num_interrupted} not finished (the job ended or restarted), {job.num_in_progress} in progress",
             ),
             ("latest completed", latest),
             ("consecutive failures", f"{job.consecutive_failures} (tolerated: {cfg.tolerable_failures})"),
@@ -197,12 +271,22 @@ def _kind(cp: Checkpoint) -> str:
     return "savepoint" if cp.is_savepoint else cp.checkpoint_type.value
 
 
-def checkpoints_table(items: list[Checkpoint], title: str | None = None) -> Table:
+INTERRUPTED = {"subsumed", "new_attempt", "job_cancelled", "job_ended"}
+
+
+def checkpoint_status(cp: Checkpoint) -> Text:
+    """The status; an aborted checkpoint that did not fail (its job ended, a restart) is not shown as a failure."""
+    if cp.abort_reason in INTERRUPTED:
+        return Text("NOT FINISHED", style="yellow")
+    return status(cp.status)
+
+
+def checkpoints_table(items: list[Checkpoint], title: str | None = None) -> FitTable:
     rows = [
         (
             cp.id,
             _kind(cp),
-            status(cp.status),
+            checkpoint_status(cp),
             cp.attempt,
             timestamp(cp.trigger_timestamp),
             duration(cp.end_to_end_duration),
@@ -230,7 +314,9 @@ def checkpoints_table(items: list[Checkpoint], title: str | None = None) -> Tabl
         "failure",
     ]
     right = {"id", "attempt", "duration", "state", "persisted", "processed", "alignment", "acks"}
-    return _table(title, columns, rows, right=right)
+    keep = {"id": 9, "status": 9, "type": 8, "duration": 8, "persisted": 7, "acks": 6, "failure": 6,
+            "alignment": 5, "state": 4, "processed": 4, "triggered": 3, "attempt": 2}
+    return _table(title, columns, rows, right=right, keep=keep, free={"failure"})
 
 
 def checkpoint_view(cp: CheckpointDetail) -> Group:
@@ -240,7 +326,7 @@ def checkpoint_view(cp: CheckpointDetail) -> Group:
     summary = _fields(
         [
             ("checkpoint", f"{cp.id} of job {cp.job_id}, attempt {cp.attempt}"),
-            ("status", status(cp.status)),
+            ("status", checkpoint_status(cp)),
             ("type", _kind(cp) + (" (stops the job)" if cp.stop_job else "")),
             ("policy", cp.policy.value),
             ("alignment timeout", duration(cp.alignment_timeout)),
@@ -278,7 +364,7 @@ def checkpoint_view(cp: CheckpointDetail) -> Group:
         "acked",
         "end to end",
         "sync",
-        "async",
+        "async*",
         "alignment",
         "start delay",
         "state",
@@ -287,10 +373,48 @@ def checkpoint_view(cp: CheckpointDetail) -> Group:
         "unaligned",
     ]
     right = set(columns) - {"subtask", "acked", "unaligned"}
-    parts: list[RenderableType] = [summary, _table("subtasks", columns, rows, right=right)]
+    keep = {"subtask": 9, "end to end": 8, "persisted": 7, "alignment": 6, "sync": 5, "start delay": 5,
+            "state": 5, "async*": 4, "processed": 4, "unaligned": 3, "acked": 2}
+    parts: list[RenderableType] = [summary]
+    if cp.subtasks and cp.vertices:
+        parts.append(vertex_table(cp))
+    parts.append(_table("subtasks", columns, rows, right=right, keep=keep))
+    parts.append(
+        Text(
+            "* async: what a subtask did after its snapshot before sending its ack; the upload of its state travels "
+            "with the ack and is not in it (nor is an aligned barrier's wait in full outputs)",
+            style="dim",
+        )
+    )
     if cp.pending_subtasks:
         parts.append(Text("waiting for: " + ", ".join(cp.pending_subtasks), style="yellow"))
     return Group(*parts)
+
+
+def vertex_table(cp: CheckpointDetail) -> FitTable:
+    """Per vertex, each figure's average and maximum across its subtasks (min/avg/max in --json)."""
+
+    def avg_max(mma, fmt) -> str:
+        return DASH if mma.max is None else f"{fmt(mma.avg)} / {fmt(mma.max)}"
+
+    rows = [
+        (
+            v.vertex,
+            f"{v.num_acknowledged_subtasks}/{v.parallelism}",
+            avg_max(v.end_to_end_duration, duration),
+            avg_max(v.alignment_duration, duration),
+            avg_max(v.start_delay, duration),
+            avg_max(v.sync_duration, duration),
+            avg_max(v.processed_data, human_bytes),
+            avg_max(v.persisted_data, human_bytes),
+            avg_max(v.state_size, human_bytes),
+        )
+        for v in cp.vertices
+    ]
+    columns = ["vertex", "acked", "end to end", "alignment", "start delay", "sync", "processed", "persisted", "state"]
+    keep = {"vertex": 9, "acked": 8, "end to end": 8, "persisted": 7, "alignment": 6, "processed": 5,
+            "start delay": 4, "state": 3, "sync": 2}
+    return _table("by vertex (avg / max across subtasks)", columns, rows, right=set(columns[1:]), keep=keep)
 
 
 def checkpoint_line(cp: Checkpoint, verb: str) -> Text:
@@ -371,7 +495,9 @@ def restore_plan_view(plan: RestorePlan) -> Group:
         "offsets",
     ]
     if rows:
-        parts.append(_table(None, columns, rows))
+        keep = {"subtask": 9, "operator state": 7, "input channel state": 6, "output channel state": 6,
+                "key groups": 4, "offsets": 3}
+        parts.append(_table(None, columns, rows, keep=keep, free={"offsets"}))
     return Group(*parts)
 
 
