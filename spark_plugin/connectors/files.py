@@ -1,8 +1,8 @@
 """File connectors: JSON-lines and Parquet sources with offsets, and a JSON-lines sink committed on checkpoints.
 
-Files are assigned to source subtasks round robin in name order (file ``k`` to subtask ``k % parallelism``);
-the offset is ``{"file": index among the subtask's files, "position": byte offset or row}``, so a restore
-resumes at the record after the checkpoint.
+Files are assigned to source subtasks round robin in name order (file ``k`` to subtask ``k % parallelism``); the
+offsets say where each file a subtask touched stands (``{"files": {"k": byte offset or row, or -1 when read}}``),
+so a restore resumes at the record after the checkpoint, also at another parallelism.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from spark_plugin.sinks import Sink
-from spark_plugin.sources import Source
+from spark_plugin.connectors.base import Sink, Source
 
 
 def _expand(paths: str | list[str], suffixes: tuple[str, ...]) -> list[str]:
@@ -28,13 +27,22 @@ def _expand(paths: str | list[str], suffixes: tuple[str, ...]) -> list[str]:
     return sorted(dict.fromkeys(found))
 
 
+DONE = -1
+"""The position of a file that was read to its end."""
+
+
 class _FileSource(Source):
+    """Each file is a split: file ``g`` (in name order) is read by subtask ``g % parallelism``, which reads its
+    files one after the other. Offsets say where each file it touched stands: a byte or row position, or done."""
+
     suffixes: tuple[str, ...] = ()
 
     def __init__(self, paths: str | list[str]) -> None:
         self.paths = paths
         self.file = 0
         self.position = 0
+        self.progress: dict[int, int] = {}
+        """Position of each file this subtask has touched, by global file index (``DONE`` when read)."""
 
     def open(self, subtask_index: int, parallelism: int) -> None:
         super().open(subtask_index, parallelism)
@@ -42,15 +50,51 @@ class _FileSource(Source):
         missing = [f for f in files if not os.path.exists(f)]
         if missing:
             raise FileNotFoundError(f"{type(self).__name__}: no such file {missing[0]!r}")
-        self.files = files[subtask_index::parallelism]
+        self.indexes = list(range(subtask_index, len(files), parallelism))
+        self.files = [files[g] for g in self.indexes]
+        self._resume({})
+
+    def _resume(self, progress: dict[int, int]) -> None:
+        """Continue at the first file of this subtask that is not done, where ``progress`` says it stands."""
+        self.close()
+        self.progress = {g: progress[g] for g in self.indexes if g in progress}
+        self.file = 0
+        while self.file < len(self.indexes) and self.progress.get(self.indexes[self.file]) == DONE:
+            self.file += 1
+        self.position = self.progress.get(self.indexes[self.file], 0) if self.file < len(self.indexes) else 0
+
+    def _next_file(self) -> None:
+        """The current file was read to its end."""
+        self.progress[self.indexes[self.file]] = DONE
+        self.file += 1
+        while self.file < len(self.indexes) and self.progress.get(self.indexes[self.file]) == DONE:
+            self.file += 1
+        self.position = self.progress.get(self.indexes[self.file], 0) if self.file < len(self.indexes) else 0
 
     def offsets(self) -> dict[str, Any]:
-        return {"file": self.file, "position": self.position}
+        progress = dict(self.progress)
+        if self.file < len(self.indexes):
+            progress[self.indexes[self.file]] = self.position
+        return {"files": {str(g): pos for g, pos in sorted(progress.items())}}
 
     def seek(self, offsets: dict[str, Any]) -> None:
-        self.close()
-        self.file = int(offsets.get("file", 0))
-        self.position = int(offsets.get("position", 0))
+        self._resume(self._progress_of(offsets, self.subtask_index, self.parallelism))
+
+    def restore_positions(self, positions: list[dict[str, Any]]) -> None:
+        merged: dict[int, int] = {}
+        for old_index, offsets in enumerate(positions):
+            merged.update(self._progress_of(offsets, old_index, len(positions)))
+        self._resume(merged)
+
+    @staticmethod
+    def _progress_of(offsets: dict[str, Any], subtask_index: int, parallelism: int) -> dict[int, int]:
+        if "files" in offsets:
+            return {int(g): int(pos) for g, pos in offsets["files"].items()}
+        # offsets of the first version of these sources: the k-th file of the subtask, and a position in it
+        k, position = int(offsets.get("file", 0)), int(offsets.get("position", 0))
+        progress = {subtask_index + i * parallelism: DONE for i in range(k)}
+        progress[subtask_index + k * parallelism] = position
+        return progress
 
 
 class JsonLinesSource(_FileSource):
@@ -74,8 +118,7 @@ class JsonLinesSource(_FileSource):
             if not line:
                 self._handle.close()
                 self._handle = None
-                self.file += 1
-                self.position = 0
+                self._next_file()
                 continue
             self.position += len(line)
             if line.strip():
@@ -128,8 +171,7 @@ class ParquetSource(_FileSource):
                 batch = next(self._batches, None)
                 if batch is None:
                     self._batches = None
-                    self.file += 1
-                    self.position = 0
+                    self._next_file()
                     continue
                 self._rows = batch.to_pylist()
             take = self._rows[: max_records - len(out)]

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from spark_plugin.sinks import Sink
+from spark_plugin.connectors.base import Sink
 
 MARKERS = "overtake_sink_commits"
 log = logging.getLogger(__name__)

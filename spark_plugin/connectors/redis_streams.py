@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from spark_plugin.sources import Source
+from spark_plugin.connectors.base import Source
 
 
 class RedisStreamSource(Source):
@@ -56,6 +56,10 @@ class RedisStreamSource(Source):
         for stream, entry_id in offsets.get("ids", {}).items():
             if stream in self.last_ids:  # only the streams this subtask reads
                 self.last_ids[stream] = entry_id
+
+    def restore_positions(self, positions: list[dict[str, Any]]) -> None:
+        """Each stream is a split: take the streams this subtask reads now, each after its last entry read."""
+        self.seek({"ids": {s: i for offsets in positions for s, i in offsets.get("ids", {}).items()}})
 
     def close(self) -> Any:
         if self._redis is not None:

@@ -1,1 +1,3 @@
-"""Channels over TCP: message framing, output channels with priority events, input gates with credits."""
+"""The data plane between subtasks: the wire format (incl. the barrier's bytes), records framed in buffers, input
+gates with credit-based flow control and their channel-state persisters, output partitions where priority barriers
+overtake queued buffers, and connection set-up."""

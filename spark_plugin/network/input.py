@@ -3,38 +3,50 @@
 Each channel starts with ``exclusive`` credits; the gate lends its ``floating`` buffers to channels whose
 sender announced a backlog, and takes them back as buffers are processed (Flink's credit-based flow control).
 A priority barrier is queued in its channel at its arrival position *and* announced on the gate's priority
-list, so the subtask acts on it between two records and knows exactly which buffers it overtook.
+list, so the subtask acts on it between two records; the buffers queued ahead of it are the ones it overtook.
 
 An aligned barrier of an ``aligned_then_unaligned`` checkpoint that is still queued behind buffers when its
 alignment timeout passes (or that arrives after it) becomes a priority barrier in place: it overtakes the buffers
 queued ahead of it, which are persisted, instead of waiting until they are processed (Flink announces such
 barriers for the same reason).
+
+Each channel persists its own in-flight buffers for a checkpoint through its :class:`ChannelStatePersister`: the
+gate hands every buffer it gives the subtask to the channel's persister.
+
+**Recovery order.** A gate restored from a checkpoint hands out its data in three phases, so that nothing sent
+after the restore is processed before anything that was in flight at the checkpoint, whatever the parallelism
+was then: first the recovered input channel state of every channel (queued ahead of everything), then what the
+upstream subtasks re-send of their recovered output channel state (each channel until its ``RECOVERY_END``
+marker; a channel that delivered its marker waits for the others), and only then new data.
 """
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
 from collections import deque
 
-from spark_plugin.barriers import CheckpointBarrier
-from spark_plugin.channel_state import ChannelInfo
 from spark_plugin.network import wire
+from spark_plugin.network.barrier import CheckpointBarrier
 from spark_plugin.network.mailbox import Mailbox
+from spark_plugin.network.persisting import ChannelStatePersister, ChannelStateWriting
+from spark_plugin.plan.topology import ChannelInfo
 
 BUFFER = "B"
 RECOVERED = "R"  # a buffer of recovered input channel state: processed first, returns no credit
 BARRIER = "E"
 PRIORITY = "P"
 END = "END"
+RECOVERY_END = "RECOVERY_END"  # the upstream sent all of its restored output channel state on this channel
+
+DATA = (BUFFER, RECOVERED)
 
 
 class InputChannel:
-    """One channel's receiving side: its queue of buffers and barrier markers, and its credit account."""
+    """One channel's receiving side: its queue of buffers and barrier markers, its credit account, its persister."""
 
-    def __init__(self, index: int, info: ChannelInfo) -> None:
+    def __init__(self, index: int, info: ChannelInfo, writer: ChannelStateWriting | None = None) -> None:
         self.index = index
         self.info = info
         self.items: deque[tuple] = deque()
@@ -44,17 +56,43 @@ class InputChannel:
         self.backlog = 0
         self.blocked = False
         self.ended = False
-        self.recording: int | None = None
+        self.persister = ChannelStatePersister(info, writer)
+        self.recovery_ended = False
         self.received_buffers = 0
         self.received_bytes = 0
         self.error: BaseException | None = None
+
+    def checkpoint_started(self, checkpoint_id: int, in_hand: bytes | None) -> None:
+        """Persist this channel's in-flight data for ``checkpoint_id`` until its barrier arrives here."""
+        self.persister.start(checkpoint_id, in_hand)
+
+    def checkpoint_stopped(self, checkpoint_id: int) -> None:
+        """The barrier of ``checkpoint_id`` arrived here: persist the buffers it overtook in the queue, then stop."""
+        self.persister.stop(checkpoint_id, self.buffers_before(checkpoint_id))
+
+    def buffers_before(self, checkpoint_id: int) -> list[bytes]:
+        """The queued buffers ahead of ``checkpoint_id``'s priority barrier ([] when no such barrier is queued)."""
+        ahead: list[bytes] = []
+        for item in self.items:
+            if item[0] == PRIORITY and item[1].checkpoint_id == checkpoint_id:
+                return ahead
+            if item[0] in DATA:
+                ahead.append(item[1])
+        return []
 
 
 class InputGate:
     """All input channels of a subtask."""
 
-    def __init__(self, infos: list[ChannelInfo], exclusive: int, floating: int, mailbox: Mailbox) -> None:
-        self.channels = [InputChannel(i, info) for i, info in enumerate(infos)]
+    def __init__(
+        self,
+        infos: list[ChannelInfo],
+        exclusive: int,
+        floating: int,
+        mailbox: Mailbox,
+        writer: ChannelStateWriting | None = None,
+    ) -> None:
+        self.channels = [InputChannel(i, info, writer) for i, info in enumerate(infos)]
         self.exclusive = exclusive
         self.floating_free = floating
         self.mailbox = mailbox
@@ -64,6 +102,8 @@ class InputGate:
         self._next_channel = 0
         self._threads: list[threading.Thread] = []
         self.closed = False
+        self.recovering = False
+        """Restored from a checkpoint and still handing out recovered data (see the module's recovery order)."""
 
     # ---------------------------------------------------------------- network side
 
@@ -93,11 +133,11 @@ class InputGate:
                         ch.received_bytes += len(payload)
                         self._lend_floating()
                     elif kind == wire.EVENT:
-                        self._queue_barrier(ch, CheckpointBarrier.from_dict(json.loads(payload)))
+                        self._queue_barrier(ch, CheckpointBarrier.decode(payload))
                     elif kind == wire.PRIORITY:
-                        barrier = CheckpointBarrier.from_dict(json.loads(payload))
-                        ch.items.append((PRIORITY, barrier))
-                        self.priority.append((ch.index, barrier))
+                        self._queue_priority(ch, CheckpointBarrier.decode(payload))
+                    elif kind == wire.RECOVERY_END:
+                        ch.items.append((RECOVERY_END,))
                     elif kind == wire.END:
                         ch.items.append((END,))
                         self.mailbox.signal_locked()
@@ -109,15 +149,17 @@ class InputGate:
                     ch.error = e
                 self.mailbox.signal_locked()
 
+    def _queue_priority(self, ch: InputChannel, barrier: CheckpointBarrier) -> None:
+        ch.items.append((PRIORITY, barrier))
+        self.priority.append((ch.index, barrier))
+
     def _queue_barrier(self, ch: InputChannel, barrier: CheckpointBarrier) -> None:
         """Queue an aligned barrier; one whose alignment timeout already passed overtakes at once (lock held)."""
         deadline = barrier.deadline
         if deadline is None or barrier.unaligned:
             ch.items.append((BARRIER, barrier))
         elif time.time() * 1000 >= deadline and not ch.blocked:
-            unaligned = barrier.as_unaligned()
-            ch.items.append((PRIORITY, unaligned))
-            self.priority.append((ch.index, unaligned))
+            self._queue_priority(ch, barrier.as_unaligned())
         else:
             ch.items.append((BARRIER, barrier))
             self.next_deadline = deadline if self.next_deadline is None else min(self.next_deadline, deadline)
@@ -178,47 +220,78 @@ class InputGate:
         else:
             self._grant(ch, 1)
 
+    def start_recovery(self) -> None:
+        """The subtask was restored from a checkpoint: hand out recovered data first (the recovery order)."""
+        self.recovering = bool(self.channels)
+
+    def _recovery_phase(self) -> str | None:
+        """``"input"`` while recovered input state is queued, ``"output"`` while some channel has not delivered its
+        ``RECOVERY_END``, None once recovery is over (lock held)."""
+        if not self.recovering:
+            return None
+        if any(ch.items and ch.items[0][0] == RECOVERED for ch in self.channels):
+            return "input"
+        for ch in self.channels:
+            if not ch.recovery_ended and ch.items and ch.items[0][0] == RECOVERY_END:
+                ch.items.popleft()
+                ch.recovery_ended = True
+        if all(ch.recovery_ended for ch in self.channels):
+            self.recovering = False
+            return None
+        return "output"
+
     def poll(self, events_only: bool = False) -> tuple[InputChannel, tuple] | None:
         """The next item of the next unblocked channel with data, round robin; None if there is none.
 
-        With ``events_only`` only a barrier or end-of-partition at the head of a channel is returned: what the
-        subtask can act on while its outputs have no room for the records of a buffer.
+        A buffer handed out goes through its channel's persister first. With ``events_only`` only a barrier or
+        end-of-partition at the head of a channel is returned: what the subtask can act on while its outputs have
+        no room for the records of a buffer. While the gate recovers, only recovered data is handed out.
         """
+        phase = self._recovery_phase()
         n = len(self.channels)
         for k in range(n):
             i = (self._next_channel + k) % n
             ch = self.channels[i]
             if ch.blocked or not ch.items or ch.items[0][0] == PRIORITY:
                 continue
-            if events_only and ch.items[0][0] in (BUFFER, RECOVERED):
+            if (phase == "input" and ch.items[0][0] != RECOVERED) or (phase == "output" and ch.recovery_ended):
+                continue
+            if events_only and ch.items[0][0] in DATA:
                 continue
             self._next_channel = (i + 1) % n
-            return ch, ch.items.popleft()
+            item = ch.items.popleft()
+            if item[0] in DATA:
+                ch.persister.maybe_persist(item[1])
+            return ch, item
         return None
 
-    def take_priority(self) -> tuple[int, CheckpointBarrier, list[bytes]] | None:
-        """Remove the oldest priority barrier's marker; return its channel, the barrier and the buffers it overtook.
+    def next_priority(self) -> tuple[int, CheckpointBarrier] | None:
+        """The oldest announced priority barrier and its channel; its marker stays queued until ``priority_done``,
+        so the channel can still tell which buffers it overtook."""
+        return self.priority[0] if self.priority else None
 
-        The overtaken buffers stay queued (they are still processed); the caller persists them as channel state.
-        """
-        if not self.priority:
-            return None
-        index, barrier = self.priority.popleft()
+    def priority_done(self, index: int, barrier: CheckpointBarrier) -> None:
+        """The subtask acted on the priority barrier: drop its announcement and its marker (the overtaken buffers
+        stay queued and are processed as usual)."""
+        self.priority.popleft()
         items = self.channels[index].items
-        overtaken: list[bytes] = []
         for pos, item in enumerate(items):
             if item[0] == PRIORITY and item[1] is barrier:
                 del items[pos]
-                break
-            if item[0] == BUFFER or item[0] == RECOVERED:
-                overtaken.append(item[1])
-        return index, barrier, overtaken
+                return
 
     def prepend_recovered(self, index: int, buffers: list[bytes]) -> None:
         """Queue recovered input channel state ahead of everything the channel will receive."""
         with self.mailbox.lock:
             self.channels[index].items.extendleft((RECOVERED, b) for b in reversed(buffers))
             self.mailbox.signal_locked()
+
+    def block(self, index: int) -> None:
+        self.channels[index].blocked = True
+
+    def unblock_all(self) -> None:
+        for ch in self.channels:
+            ch.blocked = False
 
     def failed(self) -> InputChannel | None:
         for ch in self.channels:
@@ -234,8 +307,4 @@ class InputGate:
             self.closed = True
         for ch in self.channels:
             if ch.sock is not None:
-                try:
-                    ch.sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                ch.sock.close()
+                wire.close(ch.sock)

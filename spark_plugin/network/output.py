@@ -7,15 +7,16 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from spark_plugin.barriers import CheckpointBarrier
-from spark_plugin.channel_state import ChannelInfo
 from spark_plugin.network import wire
+from spark_plugin.network.barrier import CheckpointBarrier
 from spark_plugin.network.mailbox import Mailbox
+from spark_plugin.plan.topology import ChannelInfo
 
 _BUF = "B"
 _EVENT = "E"
 _PRIO = "P"
 _END = "END"
+_RECOVERY_END = "RECOVERY_END"
 
 
 class OutputChannel:
@@ -95,6 +96,11 @@ class OutputChannel:
     def queued_barriers(self) -> list[CheckpointBarrier]:
         return [item[1] for item in self.queue if item[0] == _EVENT]
 
+    def end_recovery(self) -> None:
+        """Everything queued so far is restored output channel state: mark its end (an event, needs no credit)."""
+        self.queue.append((_RECOVERY_END,))
+        self.cond.notify_all()
+
     def end(self) -> None:
         self.queue.append((_END,))
         self.cond.notify_all()
@@ -117,11 +123,7 @@ class OutputChannel:
             self.closed = True
             self.cond.notify_all()
         if self.sock is not None:
-            try:
-                self.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self.sock.close()
+            wire.close(self.sock)
 
     def _next(self) -> tuple | None:
         with self.cond:
@@ -157,9 +159,11 @@ class OutputChannel:
                     wire.send(sock, wire.END)
                     self.finished = True
                     return
+                elif kind == _RECOVERY_END:
+                    wire.send(sock, wire.RECOVERY_END)
                 else:
                     barrier: CheckpointBarrier = item[1]
-                    wire.send_json(sock, wire.PRIORITY if kind == _PRIO else wire.EVENT, barrier.to_dict())
+                    wire.send(sock, wire.PRIORITY if kind == _PRIO else wire.EVENT, 0, barrier.encode())
                     with self.cond:
                         self._on_barrier_sent(barrier.checkpoint_id)
                         self.mailbox.signal_locked()

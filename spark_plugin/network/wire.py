@@ -14,6 +14,7 @@ EVENT = 3  # sender -> receiver: in-order event (JSON), needs no credit
 PRIORITY = 4  # sender -> receiver: priority event (JSON) that overtook queued buffers, needs no credit
 CREDIT = 5  # receiver -> sender: aux = number of new credits
 END = 6  # sender -> receiver: end of partition, nothing follows
+RECOVERY_END = 7  # sender -> receiver: the restored output channel state was sent; new output follows
 
 
 class ConnectionClosed(EOFError):
@@ -52,3 +53,12 @@ def recv(sock: socket.socket) -> tuple[int, int, bytes]:
     """Read one message: (type, aux, payload)."""
     kind, aux, length = HEADER.unpack(_recv_exact(sock, HEADER.size))
     return kind, aux, _recv_exact(sock, length)
+
+
+def close(sock: socket.socket) -> None:
+    """Shut the connection down both ways (a reader blocked on it wakes up), then close it."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()

@@ -1,4 +1,5 @@
-"""One SparkSession for the whole pytest session: local[4], few shuffle partitions, no UI."""
+"""One SparkSession for the whole pytest session: local[12] (rescaled pipelines run up to 10 subtasks), few shuffle
+partitions, no UI."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def spark():
     from pyspark.sql import SparkSession
 
     session = (
-        SparkSession.builder.master("local[4]")
+        SparkSession.builder.master("local[12]")
         .appName("overtake-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")

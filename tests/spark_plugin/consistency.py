@@ -5,7 +5,7 @@ from __future__ import annotations
 import pickle
 from collections import Counter
 
-from spark_plugin.channel_state import ChannelStateReader
+from spark_plugin.task.channel_state import ChannelStateReader
 
 
 def cut_of_checkpoint(acks: dict, blob: callable, sink_id: str, source_vertex: str) -> dict:
@@ -17,7 +17,7 @@ def cut_of_checkpoint(acks: dict, blob: callable, sink_id: str, source_vertex: s
     in_sink: list[int] = []
     input_state: list[int] = []
     output_state: list[int] = []
-    emitted_by_source: dict[int, int] = {}
+    emitted_by_source: dict[int, dict] = {}
     for (vertex, index), ack in acks.items():
         op = ack.get("operator_state")
         if op:
@@ -31,7 +31,7 @@ def cut_of_checkpoint(acks: dict, blob: callable, sink_id: str, source_vertex: s
                 seqs = [r[1] for r in reader.segment_records(seg)]
                 (input_state if seg["direction"] == "input" else output_state).extend(seqs)
         if vertex == source_vertex:
-            emitted_by_source[index] = ack["source_offsets"]["emitted"]
+            emitted_by_source[index] = ack["source_offsets"]
     return {
         "sink": in_sink,
         "input": input_state,
@@ -40,15 +40,25 @@ def cut_of_checkpoint(acks: dict, blob: callable, sink_id: str, source_vertex: s
     }
 
 
-def expected_seqs(emitted: dict[int, int], parallelism: int) -> Counter:
-    """Seqs a SequenceSource of ``parallelism`` subtasks emitted, given each subtask's ``emitted`` offset."""
-    return Counter(i + k * parallelism for i, n in emitted.items() for k in range(n))
+def emitted(offsets: dict) -> int:
+    """How many records a SequenceSource subtask had emitted, from its offsets."""
+    return sum(offsets["positions"].values())
 
 
-def assert_consistent_cut(cut: dict, source_parallelism: int) -> None:
+def expected_seqs(offsets_by_subtask: dict[int, dict]) -> Counter:
+    """Seqs SequenceSource subtasks emitted, given each one's offsets (records per split)."""
+    return Counter(
+        int(split) + k * o["splits"]
+        for o in offsets_by_subtask.values()
+        for split, n in o["positions"].items()
+        for k in range(n)
+    )
+
+
+def assert_consistent_cut(cut: dict, source_parallelism: int | None = None) -> None:
     """Every emitted record is exactly once in the sink state or in the persisted in-flight data."""
     got = Counter(cut["sink"]) + Counter(cut["input"]) + Counter(cut["output"])
-    want = expected_seqs(cut["emitted"], source_parallelism)
+    want = expected_seqs(cut["emitted"])
     missing = want - got
     extra = got - want
     assert not missing and not extra, (

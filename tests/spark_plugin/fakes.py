@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
-from spark_plugin.barriers import CheckpointBarrier
+import hashlib
+
+from contract.events import CheckpointAborted, CheckpointCompleted, CheckpointTriggered, EventPayload
+from spark_plugin.network.barrier import CheckpointBarrier
 
 
 class RecordingActions:
-    """Records every action a barrier state asks for, as ``(name, args...)`` tuples."""
+    """Records every action a barrier state asks for, as ``(name, args...)`` tuples; ``channels`` input channels,
+    of which ``ended`` have ended."""
 
-    def __init__(self, now: int = 1_000) -> None:
+    def __init__(self, channels: int = 3, now: int = 1_000) -> None:
         self.calls: list[tuple] = []
         self.now = now
+        self.channels = channels
+        self.ended: set[int] = set()
+
+    def live_channels(self) -> set[int]:
+        return set(range(self.channels)) - self.ended
+
+    def recovering(self) -> bool:
+        return self.replaying
+
+    replaying = False
+
+    def first_barrier(self, checkpoint_id: int) -> None:
+        pass  # only counts bytes; not an action the states' specification looks at
 
     def snapshot(self, barrier: CheckpointBarrier, unaligned: bool, first_barrier_ms: int) -> None:
         self.calls.append(("snapshot", barrier.checkpoint_id, unaligned))
@@ -24,10 +41,10 @@ class RecordingActions:
     def unblock_all(self) -> None:
         self.calls.append(("unblock_all",))
 
-    def start_recording(self, channel: int, checkpoint_id: int) -> None:
+    def start_persisting(self, channel: int, checkpoint_id: int) -> None:
         self.calls.append(("record", channel, checkpoint_id))
 
-    def stop_recording(self, channel: int) -> None:
+    def stop_persisting(self, channel: int, checkpoint_id: int) -> None:
         self.calls.append(("stop_record", channel))
 
     def finish_input(self, checkpoint_id: int, last_barrier_ms: int) -> None:
@@ -65,6 +82,7 @@ class InMemoryCoordinator:
         self.acks: dict[int, dict[tuple[str, int], dict]] = {}
         self.declines: list[tuple[int, str, int, str]] = []
         self.streams: list = []
+        self.running: set[tuple[str, int]] = set()
 
     def reporter(self, spec):
         return _FakeReporter(self, spec.vertex, spec.subtask_index)
@@ -74,9 +92,9 @@ class InMemoryCoordinator:
         self.streams.append(stream)
         return stream
 
-    def publish(self, kind: str, data: dict) -> None:
+    def publish(self, payload: EventPayload) -> None:
         for s in self.streams:
-            s.queue.put((kind, data))
+            s.queue.put(payload)
 
     def trigger(self, checkpoint_id: int, policy: str = "aligned", alignment_timeout=None, now=None) -> None:
         import time
@@ -84,14 +102,13 @@ class InMemoryCoordinator:
         self.next_id = max(self.next_id, checkpoint_id + 1)
         self.triggered.add(checkpoint_id)
         self.publish(
-            "checkpoint.triggered",
-            {
-                "checkpoint_id": checkpoint_id,
-                "policy": policy,
-                "alignment_timeout": alignment_timeout,
-                "trigger_timestamp": now if now is not None else int(time.time() * 1000),
-                "is_savepoint": False,
-            },
+            CheckpointTriggered(
+                checkpoint_id=checkpoint_id,
+                attempt=None,
+                policy=policy,
+                alignment_timeout=alignment_timeout,
+                trigger_timestamp=now if now is not None else int(time.time() * 1000),
+            )
         )
 
 
@@ -99,17 +116,18 @@ class _FakeReporter:
     def __init__(self, coord: InMemoryCoordinator, vertex: str, index: int) -> None:
         self.coord, self.vertex, self.index = coord, vertex, index
 
-    def upload(self, checkpoint_id, kind, data):
-        import hashlib
-
-        from spark_plugin.coordination import BlobHandle
-
+    def _store(self, checkpoint_id, kind, data):
         blob_id = f"{checkpoint_id}-{self.vertex}-{self.index}-{kind}"
         with self.coord.lock:
             self.coord.blobs[blob_id] = data
-        return BlobHandle(blob_id, hashlib.sha256(data).hexdigest(), len(data))
+        return {"blob_id": blob_id, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
 
-    def ack(self, checkpoint_id, ack):
+    def ack_with_state(self, checkpoint_id, ack, operator_state, channel_state):
+        ack = dict(ack)
+        if operator_state is not None:
+            ack["operator_state"] = self._store(checkpoint_id, "operator", operator_state)
+        if channel_state is not None:
+            ack["channel_state"] = self._store(checkpoint_id, "channel", channel_state)
         c = self.coord
         with c.lock:
             acks = c.acks.setdefault(checkpoint_id, {})
@@ -118,7 +136,11 @@ class _FakeReporter:
             if done:
                 c.completed.append(checkpoint_id)
         if done:
-            c.publish("checkpoint.completed", {"checkpoint_id": checkpoint_id})
+            c.publish(CheckpointCompleted(checkpoint_id=checkpoint_id, attempt=None))
+
+    def report_running(self):
+        with self.coord.lock:
+            self.coord.running.add((self.vertex, self.index))
 
     def request_checkpoint(self):
         c = self.coord
@@ -136,7 +158,7 @@ class _FakeReporter:
             first = checkpoint_id not in c.aborted
             c.aborted.add(checkpoint_id)
         if c.expected_subtasks is not None and first:
-            c.publish("checkpoint.aborted", {"checkpoint_id": checkpoint_id, "reason": reason})
+            c.publish(CheckpointAborted(checkpoint_id=checkpoint_id, attempt=None, reason=reason))
 
 
 class _FakeEvents:

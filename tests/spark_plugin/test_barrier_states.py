@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spark_plugin.barriers import (
+from spark_plugin.task.barriers import (
     BarrierHandler,
     CheckpointBarrier,
     CollectingAligned,
@@ -26,8 +26,8 @@ def timeout_barrier(cid: int, timeout: int = 500) -> CheckpointBarrier:
 
 
 def handler(channels: int = 3) -> tuple[BarrierHandler, RecordingActions]:
-    actions = RecordingActions()
-    return BarrierHandler(channels, actions), actions
+    actions = RecordingActions(channels)
+    return BarrierHandler(actions), actions
 
 
 # ------------------------------------------------------------------------------------------------ aligned
@@ -79,6 +79,7 @@ def test_aligned_channel_that_ends_counts_as_arrived():
     h, a = handler(2)
     h.on_barrier(0, aligned(1))
     a.take()
+    a.ended.add(1)  # as the subtask marks its input channel ended
     h.on_channel_ended(1)
     assert a.take() == [("snapshot", 1, False), ("forward", 1, False), ("unblock_all",), ("finish_input", 1)]
 
@@ -144,6 +145,7 @@ def test_unaligned_channel_that_ends_stops_recording_and_completes_the_input():
     h, a = handler(2)
     h.on_barrier(0, unaligned(1))
     a.take()
+    a.ended.add(1)  # as the subtask marks its input channel ended
     h.on_channel_ended(1)
     assert a.take() == [("stop_record", 1), ("finish_input", 1)]
 

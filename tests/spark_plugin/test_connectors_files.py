@@ -9,10 +9,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from spark_plugin.config import NetworkConfig
+from contract.events import JobStatusChanged
+from spark_plugin import Pipeline
 from spark_plugin.connectors import FileSink, JsonLinesSource, ParquetSource
-from spark_plugin.pipeline import Pipeline
-from spark_plugin.threads import ThreadedRun
+from spark_plugin.network.config import NetworkConfig
+from spark_plugin.testing.threads import ThreadedRun
 from tests.spark_plugin.fakes import InMemoryCoordinator
 from tests.spark_plugin.test_restore_threads import plan_from_acks
 from tests.spark_plugin.test_subtask_threads import wait_for
@@ -90,7 +91,7 @@ def test_file_sink_output_is_exactly_once_across_a_restore_and_complete_at_the_e
     wait_for(lambda: first.subtask("slow", 0).records_in > 500, "records to flow")
     first_coord.trigger(1, "unaligned")
     wait_for(lambda: 1 in first_coord.completed, "checkpoint 1")
-    first_coord.publish("job.status", {"status": "CANCELLED"})  # a failure after checkpoint 1
+    first_coord.publish(JobStatusChanged(status="CANCELLED"))  # a failure after checkpoint 1
     first.join(60)
     assert 0 < len(committed_records(out)) < len(records)
 

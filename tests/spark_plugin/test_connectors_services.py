@@ -8,13 +8,13 @@ import uuid
 
 import pytest
 
-from spark_plugin.config import NetworkConfig
+from contract.events import JobStatusChanged
+from spark_plugin import Pipeline
+from spark_plugin.connectors import CollectSink, SequenceSource
 from spark_plugin.connectors.postgres import PostgresSink
 from spark_plugin.connectors.redis_streams import RedisStreamSource
-from spark_plugin.pipeline import Pipeline
-from spark_plugin.sinks import CollectSink
-from spark_plugin.sources import SequenceSource
-from spark_plugin.threads import ThreadedRun
+from spark_plugin.network.config import NetworkConfig
+from spark_plugin.testing.threads import ThreadedRun
 from tests.spark_plugin.fakes import InMemoryCoordinator
 from tests.spark_plugin.test_restore_threads import plan_from_acks
 from tests.spark_plugin.test_subtask_threads import wait_for
@@ -50,7 +50,7 @@ def test_postgres_sink_is_exactly_once_across_a_restore(pg_url):
     wait_for(lambda: first.subtask("slow", 0).records_in > 500, "records to flow")
     first_coord.trigger(1, "unaligned")
     wait_for(lambda: 1 in first_coord.completed, "checkpoint 1")
-    first_coord.publish("job.status", {"status": "CANCELLED"})
+    first_coord.publish(JobStatusChanged(status="CANCELLED"))
     first.join(60)
 
     def fetch(blob_id, start, end):

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import pytest
 
+from cli import demo
 from client.sync import OvertakeClient
-from spark_plugin import demo
 
 
 @pytest.mark.spark
 @pytest.mark.slow
 def test_demo_runs_one_policy_against_a_given_coordinator(spark, coordinator, capsys):
-    code = demo.main(
-        ["--coordinator", coordinator.url, "--duration", "4", "--interval", "400", "--only", "unaligned",
-         "--record-cost", "0.3", "--buffer-size", "4096"]
+    code = demo.run(
+        demo.DemoOptions(coordinator=coordinator.url, duration=4, interval=400, only="unaligned", record_cost=0.3,
+                         buffer_size=4096)
     )
     assert code == 0
     out = capsys.readouterr().out
     assert "unaligned checkpoints" in out and "median end-to-end" in out
+    assert f"the UI: {coordinator.url}/" in out and f"{coordinator.url}/#/jobs/" in out
     with OvertakeClient(coordinator.url) as client:
         jobs = [j for j in client.list_jobs(limit=200).items if j.name.startswith("demo-unaligned-")]
         assert jobs and jobs[0].num_completed >= 1

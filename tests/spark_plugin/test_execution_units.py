@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from spark_plugin.execution import RunResult, task_slots
-from spark_plugin.subtask import SubtaskResult
+from spark_plugin.driver.run import RunResult, task_slots
+from spark_plugin.task.subtask import SubtaskResult
 
 
 class FakeConf:
@@ -48,3 +48,31 @@ def test_run_result_collects_a_sinks_records_from_every_subtask():
         SubtaskResult("src", 0, "finished"),
     ]
     assert RunResult(1, 1, "finished", subtasks).outputs("out") == [1, 2, 3, 4]
+
+
+def test_a_failed_stage_is_summed_up_by_the_exception_a_task_raised_not_a_source_line_naming_it():
+    from spark_plugin.driver.run import _short
+
+    spark_error = Exception(
+        "org.apache.spark.SparkException: Job aborted due to stage failure\n"
+        '  File "subtask.py", line 280, in _check_failures\n'
+        '    raise SubtaskFailed(f"{self.spec.name}: {failure}")\n'
+        "spark_plugin.task.subtask.SubtaskFailed: count[1]: the coordinator has been unreachable for 121s\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException(PythonRunner.scala:600)\n"
+    )
+    assert _short(spark_error) == (
+        "spark_plugin.task.subtask.SubtaskFailed: count[1]: the coordinator has been unreachable for 121s"
+    )
+    missing_module = Exception(
+        "org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 0.0 failed: "
+        "org.apache.spark.api.python.PythonException: [PYTHON_EXCEPTION] An exception was thrown from the Python "
+        "worker: Traceback (most recent call last):\n"
+        '  File "worker.py", line 4197, in invoke_udf\n'
+        "ModuleNotFoundError: No module named 'httpx'\n"
+        " SQLSTATE: 38000\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException(PythonRunner.scala)\n"
+    )
+    assert _short(missing_module) == "ModuleNotFoundError: No module named 'httpx'"
+    assert _short(Exception("org.apache.spark.SparkException: lost executor 1")).startswith(
+        "org.apache.spark.SparkException: lost executor 1"
+    )

@@ -1,6 +1,12 @@
 """Record framing: buffers hold whole length-prefixed records; the unread rest of a buffer is a byte range."""
 
-from spark_plugin.framing import BufferBuilder, BufferReader, count_records, decode_records, encode_records
+from spark_plugin.network.framing import (
+    BufferBuilder,
+    BufferReader,
+    count_records,
+    decode_records,
+    encode_records,
+)
 
 
 def test_builder_reports_full_at_capacity_and_resets_on_finish():

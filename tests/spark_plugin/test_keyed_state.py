@@ -6,8 +6,8 @@ import os
 import subprocess
 import sys
 
-from spark_plugin.keygroups import key_group, key_group_range, operator_index, stable_hash
-from spark_plugin.state import KeyedState
+from contract.keygroups import key_group, key_group_range, operator_index, stable_hash
+from spark_plugin.api.state import KeyedState
 
 
 def test_key_group_ranges_cover_all_groups_exactly_once_and_match_operator_index():
@@ -21,7 +21,7 @@ def test_key_group_ranges_cover_all_groups_exactly_once_and_match_operator_index
 
 
 def test_key_groups_are_the_same_in_processes_with_different_hash_salts():
-    code = "from spark_plugin.keygroups import key_group; print([key_group(k, 128) for k in ('a', ('b', 2), 7)])"
+    code = "from contract.keygroups import key_group; print([key_group(k, 128) for k in ('a', ('b', 2), 7)])"
     outs = {
         subprocess.run(
             [sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True, text=True

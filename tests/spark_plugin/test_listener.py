@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from client.models import CheckpointStatus, JobStatus
 from client.sync import OvertakeClient
+from contract.models import CheckpointStatus, JobStatus
 from spark_plugin.listener import OvertakeListener, install
-from spark_plugin.listener_progress import checkpoint_of, failure_message, graph_of, job_spec, snapshot
-from spark_plugin.listener_reporter import Outbox, Progress, Reporter, Terminated
+from spark_plugin.listener.progress import checkpoint_of, failure_message, graph_of, job_spec, snapshot
+from spark_plugin.listener.reporter import Outbox, Progress, Reporter, Terminated
 
 # A progress event of a rate source -> groupBy count query, as PySpark 4 hands it to listeners.
 RATE_PROGRESS = {
@@ -122,7 +122,7 @@ def test_the_job_graph_has_the_sources_the_stateful_operators_and_the_sink():
 
 def test_the_graph_of_a_query_with_sparks_default_200_shuffle_partitions_is_valid():
     from app.domain.graph import validate_graph
-    from client.models import Graph
+    from contract.models import Graph
 
     state = dict(RATE_PROGRESS["stateOperators"][0], numShufflePartitions=200)
     graph = graph_of(recorded(stateOperators=[state, dict(state, operatorName="dedupe")]))

@@ -5,13 +5,13 @@ from __future__ import annotations
 import socket
 import time
 
-from spark_plugin.barriers import CheckpointBarrier
-from spark_plugin.channel_state import ChannelInfo
-from spark_plugin.framing import encode_records
 from spark_plugin.network import input as net_input
+from spark_plugin.network.barrier import CheckpointBarrier
+from spark_plugin.network.framing import encode_records
 from spark_plugin.network.input import InputGate
 from spark_plugin.network.mailbox import Mailbox
 from spark_plugin.network.output import OutputChannel
+from spark_plugin.plan.topology import ChannelInfo
 
 
 def _connect(n_channels: int = 1, exclusive: int = 2, floating: int = 0, max_out: int = 10):
@@ -84,10 +84,11 @@ def test_priority_barrier_needs_no_credit_and_overtakes_queued_buffers():
     assert [d for d, _ in overtaken] == [encode_records([i]) for i in (1, 2, 3)]
     _wait_until(lambda: len(gate.priority) == 1, mb_in, "priority barrier")
     with mb_in.lock:
-        index, got, before = gate.take_priority()
+        index, got = gate.next_priority()
         assert (index, got.checkpoint_id) == (0, 7)
-        assert before == [encode_records([0])]  # it overtook the received, unprocessed buffer too
-        assert [item[0] for item in ch.items] == [net_input.BUFFER]
+        assert ch.buffers_before(7) == [encode_records([0])]  # it overtook the received, unprocessed buffer too
+        gate.priority_done(index, got)
+        assert [item[0] for item in ch.items] == [net_input.BUFFER] and not gate.priority
     _wait_until(lambda: sent == [7], mb_out, "the sender to report the barrier sent")
 
 
@@ -123,7 +124,7 @@ def test_stuck_aligned_barrier_is_converted_to_a_priority_barrier():
     assert [d for d, _ in overtaken] == [encode_records([1]), encode_records([2])]
     _wait_until(lambda: len(gate.priority) == 1, mb_in, "converted barrier")
     with mb_in.lock:
-        _, barrier, _ = gate.take_priority()
+        _, barrier = gate.next_priority()
     assert barrier.unaligned and barrier.checkpoint_id == 5
 
 

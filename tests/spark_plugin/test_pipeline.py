@@ -7,11 +7,10 @@ from collections import Counter
 
 import pytest
 
-from spark_plugin.config import NetworkConfig
-from spark_plugin.pipeline import Pipeline, PipelineError
-from spark_plugin.sinks import CollectSink, DiscardSink
-from spark_plugin.sources import SequenceSource
-from spark_plugin.threads import ThreadedRun
+from spark_plugin import Pipeline, PipelineError
+from spark_plugin.connectors import CollectSink, DiscardSink, SequenceSource
+from spark_plugin.network.config import NetworkConfig
+from spark_plugin.testing.threads import ThreadedRun
 from tests.spark_plugin.fakes import InMemoryCoordinator
 
 
@@ -100,7 +99,7 @@ def test_forward_connected_operators_of_equal_parallelism_are_chained():
         ("r", "r -> c", 2),
         ("d", "d -> out", 1),
     ]
-    graph = plan.graph()
+    graph = plan.graph().model_dump(mode="json")
     assert [(e["source"], e["target"], e["partitioning"]) for e in graph["edges"]] == [
         ("src", "r", "hash"),
         ("r", "d", "rebalance"),

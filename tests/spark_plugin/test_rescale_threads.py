@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from spark_plugin.config import NetworkConfig
-from spark_plugin.keygroups import key_group_range
-from spark_plugin.threads import ThreadedRun
+from contract.events import JobStatusChanged
+from contract.keygroups import key_group_range
+from spark_plugin.network.config import NetworkConfig
+from spark_plugin.testing.threads import ThreadedRun
 from tests.spark_plugin.fakes import InMemoryCoordinator
 from tests.spark_plugin.test_restore_threads import plan_from_acks
 from tests.spark_plugin.test_subtask_threads import backpressured, wait_for
@@ -46,7 +47,7 @@ def test_rescaled_restore_of_an_unaligned_checkpoint_delivers_every_record_exact
     wait_for(lambda: first.subtask("slow", 0).records_in > 600, "records to flow")
     coord.trigger(1, "unaligned")
     wait_for(lambda: len(coord.acks.get(1, {})) == 4, "checkpoint 1")
-    coord.publish("job.status", {"status": "CANCELLED"})
+    coord.publish(JobStatusChanged(status="CANCELLED"))
     first.join(60)
     old = plan_from_acks(coord.acks[1])
     assert any(p["input_channel_state"] for k, p in old.items() if k[0] == "slow")

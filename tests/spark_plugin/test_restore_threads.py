@@ -6,8 +6,9 @@ restored from that checkpoint must deliver every record exactly once, in per-key
 
 from __future__ import annotations
 
-from spark_plugin.config import NetworkConfig
-from spark_plugin.threads import ThreadedRun
+from contract.events import JobStatusChanged
+from spark_plugin.network.config import NetworkConfig
+from spark_plugin.testing.threads import ThreadedRun
 from tests.spark_plugin.fakes import InMemoryCoordinator
 from tests.spark_plugin.test_subtask_threads import backpressured, wait_for
 
@@ -38,7 +39,7 @@ def test_restore_from_an_unaligned_checkpoint_delivers_every_record_exactly_once
     wait_for(lambda: first.subtask("slow", 0).records_in > 600, "records to flow")
     coord.trigger(1, "unaligned")
     wait_for(lambda: len(coord.acks.get(1, {})) == 4, "checkpoint 1")
-    coord.publish("job.status", {"status": "CANCELLED"})  # stop mid-stream, as a failure would
+    coord.publish(JobStatusChanged(status="CANCELLED"))  # stop mid-stream, as a failure would
     first.join(60)
 
     plan = plan_from_acks(coord.acks[1])

@@ -11,14 +11,13 @@ import time
 
 import pytest
 
-from client.models import CheckpointConfig
 from client.sync import OvertakeClient
-from spark_plugin.channel_state import ChannelStateReader
-from spark_plugin.config import NetworkConfig
-from spark_plugin.pipeline import Pipeline, PipelineError
-from spark_plugin.sinks import CollectSink, DiscardSink
-from spark_plugin.sources import SequenceSource
-from tests.spark_plugin.consistency import assert_consistent_cut, cut_of_checkpoint
+from contract.models import CheckpointConfig
+from spark_plugin import Pipeline, PipelineError
+from spark_plugin.connectors import CollectSink, DiscardSink, SequenceSource
+from spark_plugin.network.config import NetworkConfig
+from spark_plugin.task.channel_state import ChannelStateReader
+from tests.spark_plugin.consistency import assert_consistent_cut, cut_of_checkpoint, emitted
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -99,7 +98,7 @@ def test_unaligned_checkpoints_persist_the_in_flight_buffers_exactly(spark, coor
     assert len(unaligned) >= 2
     for c in cuts:
         if c not in unaligned:  # taken after the sources finished: acknowledged with final state, nothing in flight
-            assert sum(c["emitted"].values()) == 12_000 and not c["input"] and not c["output"]
+            assert sum(emitted(o) for o in c["emitted"].values()) == 12_000 and not c["input"] and not c["output"]
     assert any(c["input"] or c["output"] for c in cuts), "no unaligned checkpoint persisted in-flight data"
     assert any(c["checkpoint"].persisted_data > 0 for c in cuts)
 
@@ -181,9 +180,9 @@ def test_cancelling_the_job_through_the_coordinator_ends_the_run(spark, coordina
 
 
 def test_too_few_spark_slots_is_refused_with_the_local_master_needed(spark):
-    p = Pipeline("too-wide", parallelism=3)
+    p = Pipeline("too-wide", parallelism=7)  # 14 subtasks; the session offers 12 slots
     p.source(SequenceSource(count=10), id="src").rebalance().map(str, id="m").sink(DiscardSink(), id="out")
-    with pytest.raises(PipelineError, match=r"needs 6 task slots.*offers 4.*local\[6\]"):
+    with pytest.raises(PipelineError, match=r"needs 14 task slots.*offers 12.*local\[14\]"):
         p.run(spark, "http://127.0.0.1:9")
 
 
@@ -197,8 +196,8 @@ def test_a_new_attempt_restores_the_latest_unaligned_checkpoint_exactly_once(spa
         plan = client.restore_plan(first.job_id)
     assert plan.checkpoint_id is not None
     restored_segments = [s for sub in plan.subtasks for s in sub.input_channel_state + sub.output_channel_state]
-    emitted = [sub.source_offsets["emitted"] for sub in plan.subtasks if sub.vertex == "src"]
-    count = 2 * max(emitted) + 4_000  # the second run's sources stop here; it covers all that was emitted
+    per_source = [emitted(sub.source_offsets) for sub in plan.subtasks if sub.vertex == "src"]
+    count = 2 * max(per_source) + 4_000  # the second run's sources stop here; it covers all that was emitted
     second = backpressured("e2e-restore", count=count).run(
         spark, coordinator.url, checkpoint=config("unaligned", 300), network=SMALL_BUFFERS, job_id=first.job_id,
         restore_from="latest",

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import pickle
 
-from spark_plugin.barriers import CheckpointBarrier
-from spark_plugin.channel_state import ChannelStateReader
-from spark_plugin.config import NetworkConfig
-from spark_plugin.framing import encode_records
+from contract.events import CheckpointCompleted
+from spark_plugin import Pipeline
+from spark_plugin.connectors import CollectSink, SequenceSource
 from spark_plugin.network import input as net_input
-from spark_plugin.pipeline import Pipeline
-from spark_plugin.sinks import CollectSink
-from spark_plugin.sources import SequenceSource
-from spark_plugin.tasks import build_subtask
-from spark_plugin.topology import task_specs
+from spark_plugin.network.barrier import CheckpointBarrier
+from spark_plugin.network.config import NetworkConfig
+from spark_plugin.network.framing import encode_records
+from spark_plugin.plan.topology import subtask_specs
+from spark_plugin.task.channel_state import ChannelStateReader
+from spark_plugin.task.life import build_subtask
+from tests.spark_plugin.consistency import emitted
 from tests.spark_plugin.fakes import InMemoryCoordinator
 
 BARRIER = CheckpointBarrier(1, trigger_timestamp=0, policy="unaligned", unaligned=True)
@@ -29,7 +30,7 @@ def inject_on_third(record):
 
 def build(vertex: str, p: Pipeline, coord: InMemoryCoordinator):
     plan = p.plan()
-    spec = next(s for s in task_specs(plan) if s.vertex == vertex)
+    spec = next(s for s in subtask_specs(plan) if s.vertex == vertex)
     return build_subtask(plan, spec, coord.reporter(spec), None, NetworkConfig(buffer_size=64))
 
 
@@ -57,7 +58,7 @@ def test_priority_barrier_is_taken_between_records_and_the_unread_rest_of_the_bu
     st._handle_priority()
     while st._step():
         pass
-    st._complete_checkpoints()
+    st.checkpoints.hand_over_ready()
     st.ack_worker.close()
     ack = coord.acks[1][("m", 0)]
     state = pickle.loads(coord.blobs[ack["operator_state"]["blob_id"]])["operators"]["out"]
@@ -67,7 +68,7 @@ def test_priority_barrier_is_taken_between_records_and_the_unread_rest_of_the_bu
     assert segment["channel"] == "in:src[0]->m[0]" and segment["direction"] == "input"
     assert reader.segment_buffers(segment) == [encode_records(range(3, 10)), second]
     assert first.endswith(reader.segment_buffers(segment)[0])  # a byte range of the buffer that travelled
-    assert st.operators[-1].sink.records == list(range(15))  # and everything is still processed
+    assert st.chain.operators[-1].sink.records == list(range(15))  # and everything is still processed
 
 
 def test_priority_barrier_overtakes_queued_output_buffers_and_persists_them_as_output_state():
@@ -75,14 +76,14 @@ def test_priority_barrier_overtakes_queued_output_buffers_and_persists_them_as_o
     p = Pipeline("scripted-out")
     p.source(SequenceSource(count=1000), id="src").rebalance().map(str, id="m").sink(CollectSink(), id="out")
     st = build("src", p, coord)
-    while st._outputs_available():
-        st._poll_source()  # no receiver attached: the buffers stay queued
-    queued = [item[1] for item in st.outputs[0].queue]
+    while st.partition.available():
+        st._read_source()  # no receiver attached: the buffers stay queued
+    queued = [item[1] for item in st.partition.channels[0].queue]
     st.handler.on_trigger(CheckpointBarrier(1, 0, "unaligned"))
     with st.lock:
-        st.outputs[0].queue.popleft()  # the sender takes the barrier first
-        st._on_barrier_sent(1)
-    st._complete_checkpoints()
+        st.partition.channels[0].queue.popleft()  # the sender takes the barrier first
+        st.partition._barrier_sent(1)
+    st.checkpoints.hand_over_ready()
     st.ack_worker.close()
     ack = coord.acks[1][("src", 0)]
     (segment,) = ack["channel_segments"]
@@ -90,13 +91,13 @@ def test_priority_barrier_overtakes_queued_output_buffers_and_persists_them_as_o
     persisted = ChannelStateReader(coord.blobs[ack["channel_state"]["blob_id"]]).segment_buffers(segment)
     # the queued buffers, then the partly filled buffer that was flushed in front of the barrier
     assert persisted[: len(queued)] == queued and len(persisted) == len(queued) + 1
-    emitted = ack["source_offsets"]["emitted"]
+    n_emitted = emitted(ack["source_offsets"])
     records = [r for b in persisted for r in pickle_records(b)]
-    assert [r[1] for r in records] == list(range(emitted))  # nothing was sent: all emitted is output state
+    assert [r[1] for r in records] == list(range(n_emitted))  # nothing was sent: all emitted is output state
 
 
 def pickle_records(buffer: bytes) -> list:
-    from spark_plugin.framing import decode_records
+    from spark_plugin.network.framing import decode_records
 
     return decode_records(buffer)
 
@@ -106,21 +107,21 @@ def test_aligned_barrier_in_a_queue_past_the_timeout_is_converted_and_what_it_ov
     p = Pipeline("scripted-convert")
     p.source(SequenceSource(count=1000), id="src").rebalance().map(str, id="m").sink(CollectSink(), id="out")
     st = build("src", p, coord)
-    while st._outputs_available():
-        st._poll_source()
-    queued = [item[1] for item in st.outputs[0].queue]
-    now = st.now_ms()
+    while st.partition.available():
+        st._read_source()
+    queued = [item[1] for item in st.partition.channels[0].queue]
+    now = st.checkpoints.now_ms()
     st.handler.on_trigger(CheckpointBarrier(1, now, "aligned_then_unaligned", alignment_timeout=60_000))
-    assert st.outputs[0].queue[-1][0] == "E"  # aligned: at the tail
+    assert st.partition.channels[0].queue[-1][0] == "E"  # aligned: at the tail
     st._on_timers()
-    assert st.outputs[0].queue[-1][0] == "E"  # before the deadline nothing changes
-    st.pending[1].barrier = CheckpointBarrier(1, now - 60_000, "aligned_then_unaligned", alignment_timeout=60_000)
+    assert st.partition.channels[0].queue[-1][0] == "E"  # before the deadline nothing changes
+    st.checkpoints.pending[1].barrier = CheckpointBarrier(1, now - 60_000, "aligned_then_unaligned", alignment_timeout=60_000)
     st._on_timers()
-    assert st.outputs[0].queue[0][0] == "P" and st.outputs[0].queue[0][1].unaligned
+    assert st.partition.channels[0].queue[0][0] == "P" and st.partition.channels[0].queue[0][1].unaligned
     with st.lock:
-        st.outputs[0].queue.popleft()
-        st._on_barrier_sent(1)
-    st._complete_checkpoints()
+        st.partition.channels[0].queue.popleft()
+        st.partition._barrier_sent(1)
+    st.checkpoints.hand_over_ready()
     st.ack_worker.close()
     ack = coord.acks[1][("src", 0)]
     assert ack["metrics"]["unaligned"] is True
@@ -129,7 +130,7 @@ def test_aligned_barrier_in_a_queue_past_the_timeout_is_converted_and_what_it_ov
     )
     assert persisted[: len(queued)] == queued and len(persisted) == len(queued) + 1
     records = [r for b in persisted for r in pickle_records(b)]
-    assert [r[1] for r in records] == list(range(ack["source_offsets"]["emitted"]))
+    assert [r[1] for r in records] == list(range(emitted(ack["source_offsets"])))
 
 
 def timeout_barrier(trigger: int, timeout: int = 100) -> CheckpointBarrier:
@@ -149,7 +150,7 @@ def test_a_received_aligned_barrier_still_queued_when_the_timeout_passes_overtak
     st = build("m", sink_pipeline(), coord)
     ch = st.gate.channels[0]
     first, second, after = encode_records(range(10, 20)), encode_records(range(20, 25)), encode_records([99])
-    now = st.now_ms()
+    now = st.checkpoints.now_ms()
     with st.lock:
         for b in (first, second):
             ch.items.append((net_input.BUFFER, b))
@@ -166,34 +167,34 @@ def test_a_received_aligned_barrier_still_queued_when_the_timeout_passes_overtak
     assert st.records_in == 0
     while st._step():
         pass
-    st._complete_checkpoints()
+    st.checkpoints.hand_over_ready()
     st.ack_worker.close()
     assert persisted_input(coord, "m") == [first, second]  # the exact bytes it overtook
     state = pickle.loads(coord.blobs[coord.acks[1][("m", 0)]["operator_state"]["blob_id"]])["operators"]["out"]
     assert state["records"] == []
-    assert st.operators[-1].sink.records == [*range(10, 25), 99]  # and everything is still processed once
+    assert st.chain.operators[-1].sink.records == [*range(10, 25), 99]  # and everything is still processed once
 
 
 def test_an_aligned_barrier_arriving_after_its_timeout_overtakes_at_once_unless_its_channel_is_blocked():
     coord = InMemoryCoordinator()
     st = build("m", sink_pipeline(), coord)
     ch = st.gate.channels[0]
-    late = timeout_barrier(st.now_ms() - 1_000)
+    late = timeout_barrier(st.checkpoints.now_ms() - 1_000)
     with st.lock:
         ch.items.append((net_input.BUFFER, encode_records([1, 2])))
         ch.blocked = True
         st.gate._queue_barrier(ch, late)
         assert ch.items[-1][0] == net_input.BARRIER and not st.gate.priority  # blocked: waits for the unblock
-        assert st.gate.convert_due(st.now_ms()) == 0 and st.gate.next_deadline is not None
+        assert st.gate.convert_due(st.checkpoints.now_ms()) == 0 and st.gate.next_deadline is not None
         ch.blocked = False
-        assert st.gate.convert_due(st.now_ms()) == 1
+        assert st.gate.convert_due(st.checkpoints.now_ms()) == 1
         ch.items.clear()
         st.gate.priority.clear()
         ch.items.append((net_input.BUFFER, encode_records([1, 2])))
         st.gate._queue_barrier(ch, late)
     assert ch.items[-1][0] == net_input.PRIORITY and st.gate.priority[0][1].unaligned
     st._handle_priority()
-    st._complete_checkpoints()
+    st.checkpoints.hand_over_ready()
     st.ack_worker.close()
     assert persisted_input(coord, "m") == [encode_records([1, 2])]
 
@@ -243,11 +244,11 @@ def finished_sink_subtask():
     ch = st.gate.channels[0]
     ch.items.extend([
         (net_input.BUFFER, encode_records([1, 2, 3])),
-        (net_input.BARRIER, CheckpointBarrier(1, st.now_ms(), "aligned")),
+        (net_input.BARRIER, CheckpointBarrier(1, st.checkpoints.now_ms(), "aligned")),
         (net_input.END,),
     ])
     result = st.run()
-    return st, result, st.operators[-1].sink
+    return st, result, st.chain.operators[-1].sink
 
 
 _ids = iter(range(1_000_000))
@@ -258,7 +259,7 @@ def test_a_finished_sink_commits_the_final_checkpoint_whose_completion_comes_aft
 
     st, result, sink = finished_sink_subtask()
     assert result.status == "finished" and sink.pending and not sink.committed
-    late = threading.Timer(0.2, st.post, args=("checkpoint.completed", {"checkpoint_id": 1}))
+    late = threading.Timer(0.2, st.events.post, args=(CheckpointCompleted(checkpoint_id=1, attempt=None),))
     late.start()
     st.settle(result.status, timeout=30)
     st.close_operators(result)
@@ -269,10 +270,35 @@ def test_a_finished_sink_commits_the_final_checkpoint_whose_completion_comes_aft
 def test_a_finished_sink_whose_final_completion_never_comes_fails_instead_of_losing_output():
     import pytest
 
-    from spark_plugin.subtask import SubtaskFailed
+    from spark_plugin.task.subtask import SubtaskFailed
 
     st, result, sink = finished_sink_subtask()
     with pytest.raises(SubtaskFailed, match="completion did not arrive"):
         st.settle(result.status, timeout=0.3)
     st.ack_worker.close()
     assert sink.committed == [] and sink.pending  # still there for the restore to commit
+
+
+def test_an_aligned_checkpoint_reports_the_bytes_processed_between_its_first_and_last_barrier():
+    coord = InMemoryCoordinator()
+    p = Pipeline("scripted-processed")
+    p.source(SequenceSource(count=1), id="src", parallelism=2).rebalance().map(str, id="m", parallelism=1).sink(
+        CollectSink(), id="out"
+    )
+    st = build("m", p, coord)
+    first, second = st.gate.channels
+    during = encode_records(range(10, 20))
+    now = st.checkpoints.now_ms()
+    barrier = CheckpointBarrier(1, now, "aligned")
+    with st.lock:
+        st.gate._queue_barrier(first, barrier)  # channel 0's barrier first: it blocks, channel 1 goes on
+        second.items.append((net_input.BUFFER, during))
+        st.gate._queue_barrier(second, barrier)
+    while st._step():
+        pass
+    st.checkpoints.hand_over_ready()
+    st.ack_worker.close()
+    metrics = coord.acks[1][("m", 0)]["metrics"]
+    assert metrics["unaligned"] is False
+    assert metrics["processed_data"] == len(during)  # what came through channel 1 while channel 0 was blocked
+    assert metrics["persisted_data"] == 0

@@ -11,11 +11,10 @@ import time
 
 import pytest
 
-from spark_plugin.config import NetworkConfig
-from spark_plugin.pipeline import Pipeline
-from spark_plugin.sinks import CollectSink
-from spark_plugin.sources import SequenceSource
-from spark_plugin.threads import ThreadedRun
+from spark_plugin import Pipeline
+from spark_plugin.connectors import CollectSink, SequenceSource
+from spark_plugin.network.config import NetworkConfig
+from spark_plugin.testing.threads import ThreadedRun
 from tests.spark_plugin.consistency import assert_consistent_cut, cut_of_checkpoint
 from tests.spark_plugin.fakes import InMemoryCoordinator
 

@@ -1,0 +1,289 @@
+"""The operators of a pipeline: stateless transformations, keyed operators with state, and the sink wrapper.
+
+An operator is defined in the driver and pickled into every Spark task; ``open`` prepares one subtask's copy.
+``bind(out)`` returns the function that processes one record and passes results to ``out``, so a chain of
+operators is a chain of plain calls with no per-record dispatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from contract.keygroups import key_group_range
+from spark_plugin.api.state import KeyedState, ValueState
+from spark_plugin.connectors.base import Sink, Source
+
+Emit = Callable[[Any], None]
+
+
+class Operator:
+    """Base class: one vertex of the pipeline graph."""
+
+    kind = "operator"
+    keyed = False
+
+    def __init__(self, id: str, parallelism: int | None = None, max_parallelism: int | None = None) -> None:
+        self.id = id
+        self.parallelism = parallelism
+        self.max_parallelism = max_parallelism
+        self.subtask_index = 0
+
+    def functions(self) -> dict[str, Any]:
+        """User functions of this operator, checked for picklability before Spark starts."""
+        return {}
+
+    def open(self, subtask_index: int, parallelism: int, max_parallelism: int) -> None:
+        self.subtask_index = subtask_index
+
+    def bind(self, out: Emit) -> Emit:
+        raise NotImplementedError
+
+    def snapshot(self, checkpoint_id: int) -> Any:
+        """Operator state to persist for checkpoint ``checkpoint_id`` (None: stateless)."""
+        return None
+
+    def restore(self, state: Any) -> None:
+        """Load this subtask's part of a snapshot (for keyed state: the key groups in its range)."""
+
+    def rewind(self, job_id: int, checkpoint_id: int | None) -> None:
+        """A new attempt of job ``job_id`` starts from ``checkpoint_id`` (None: from scratch); before ``restore``."""
+
+    def uncommitted(self) -> bool:
+        """Whether this operator holds output that waits for a checkpoint to complete (sinks)."""
+        return False
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` completed (sinks commit here)."""
+
+    def close(self) -> Any:
+        """Called when the subtask ends; a sink returns what the driver should receive."""
+        return None
+
+
+class FunctionOperator(Operator):
+    """A stateless operator around one user function ``fn``."""
+
+    def __init__(self, id: str, fn: Callable[[Any], Any], **kw: Any) -> None:
+        super().__init__(id, **kw)
+        self.fn = fn
+
+    def functions(self) -> dict[str, Any]:
+        return {"fn": self.fn}
+
+
+class Map(FunctionOperator):
+    """One output record per input record."""
+
+    def bind(self, out: Emit) -> Emit:
+        fn = self.fn
+        return lambda r: out(fn(r))
+
+
+class FlatMap(FunctionOperator):
+    """Any number of output records (an iterable) per input record."""
+
+    def bind(self, out: Emit) -> Emit:
+        fn = self.fn
+
+        def process(r: Any) -> None:
+            for x in fn(r):
+                out(x)
+
+        return process
+
+
+class Filter(FunctionOperator):
+    """The records for which ``fn`` is true."""
+
+    def bind(self, out: Emit) -> Emit:
+        fn = self.fn
+
+        def process(r: Any) -> None:
+            if fn(r):
+                out(r)
+
+        return process
+
+
+class KeyedOperator(Operator):
+    """An operator after ``key_by``: its state is addressed by key group."""
+
+    keyed = True
+
+    def __init__(self, id: str, key_fn: Callable[[Any], Any], **kw: Any) -> None:
+        super().__init__(id, **kw)
+        self.key_fn = key_fn
+        self.state: KeyedState | None = None
+
+    def functions(self) -> dict[str, Any]:
+        return {"key": self.key_fn}
+
+    def open(self, subtask_index: int, parallelism: int, max_parallelism: int) -> None:
+        super().open(subtask_index, parallelism, max_parallelism)
+        self.state = KeyedState(max_parallelism, key_group_range(subtask_index, max_parallelism, parallelism))
+
+    def snapshot(self, checkpoint_id: int) -> Any:
+        assert self.state is not None
+        return {"keyed": self.state.snapshot()}
+
+    def restore(self, state: Any) -> None:
+        assert self.state is not None
+        if state:
+            self.state.restore(state["keyed"])
+
+
+class Reduce(KeyedOperator):
+    """Rolling reduce per key: emits the new reduced value after every record."""
+
+    def __init__(self, id: str, key_fn: Callable, fn: Callable[[Any, Any], Any], **kw: Any) -> None:
+        super().__init__(id, key_fn, **kw)
+        self.fn = fn
+
+    def functions(self) -> dict[str, Any]:
+        return {**super().functions(), "fn": self.fn}
+
+    def bind(self, out: Emit) -> Emit:
+        key_fn, fn, state = self.key_fn, self.fn, self.state
+        assert state is not None
+        missing = object()
+
+        def process(r: Any) -> None:
+            k = key_fn(r)
+            old = state.get(k, missing)
+            new = r if old is missing else fn(old, r)
+            state.put(k, new)
+            out(new)
+
+        return process
+
+
+class Aggregate(KeyedOperator):
+    """Rolling aggregate per key: ``acc = add(acc, record)`` starting from ``zero()``; emits ``(key, acc)``."""
+
+    def __init__(self, id: str, key_fn: Callable, zero: Callable[[], Any], add: Callable, **kw: Any) -> None:
+        super().__init__(id, key_fn, **kw)
+        self.zero = zero
+        self.add = add
+
+    def functions(self) -> dict[str, Any]:
+        return {**super().functions(), "zero": self.zero, "add": self.add}
+
+    def bind(self, out: Emit) -> Emit:
+        key_fn, zero, add, state = self.key_fn, self.zero, self.add, self.state
+        assert state is not None
+
+        def process(r: Any) -> None:
+            k = key_fn(r)
+            acc = state.get(k)
+            acc = add(zero() if acc is None else acc, r)
+            state.put(k, acc)
+            out((k, acc))
+
+        return process
+
+
+class Process(KeyedOperator):
+    """A keyed process function ``fn(key, record, state: ValueState)`` returning an iterable of outputs or None."""
+
+    def __init__(self, id: str, key_fn: Callable, fn: Callable, **kw: Any) -> None:
+        super().__init__(id, key_fn, **kw)
+        self.fn = fn
+
+    def functions(self) -> dict[str, Any]:
+        return {**super().functions(), "fn": self.fn}
+
+    def bind(self, out: Emit) -> Emit:
+        key_fn, fn, state = self.key_fn, self.fn, self.state
+        assert state is not None
+        value = ValueState(state)
+
+        def process(r: Any) -> None:
+            k = key_fn(r)
+            value._key = k
+            result = fn(k, r, value)
+            if result is not None:
+                for x in result:
+                    out(x)
+
+        return process
+
+
+class ConnectorOperator(Operator):
+    """An operator around a connector (a source or a sink), opened and closed with its subtask."""
+
+    role = "connector"
+
+    def __init__(self, id: str, connector: Any, **kw: Any) -> None:
+        super().__init__(id, **kw)
+        self.connector = connector
+
+    def functions(self) -> dict[str, Any]:
+        return {self.role: self.connector}
+
+    def open(self, subtask_index: int, parallelism: int, max_parallelism: int) -> None:
+        super().open(subtask_index, parallelism, max_parallelism)
+        self.connector.open(subtask_index, parallelism)
+
+    def close(self) -> Any:
+        return self.connector.close()
+
+
+class SinkOperator(ConnectorOperator):
+    """Hands records to a :class:`~spark_plugin.connectors.base.Sink`."""
+
+    kind = role = "sink"
+
+    def __init__(self, id: str, sink: Sink, **kw: Any) -> None:
+        super().__init__(id, sink, **kw)
+
+    @property
+    def sink(self) -> Sink:
+        return self.connector
+
+    def bind(self, out: Emit) -> Emit:
+        return self.sink.write
+
+    def snapshot(self, checkpoint_id: int) -> Any:
+        return self.sink.snapshot(checkpoint_id)
+
+    def rewind(self, job_id: int, checkpoint_id: int | None) -> None:
+        self.sink.rewind(job_id, checkpoint_id)
+
+    def restore(self, state: Any) -> None:
+        if state is not None:
+            self.sink.restore(state)
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self.sink.notify_checkpoint_complete(checkpoint_id)
+
+    def uncommitted(self) -> bool:
+        return self.sink.uncommitted()
+
+    @property
+    def commits_on_checkpoints(self) -> bool:
+        return self.sink.commits_on_checkpoints
+
+
+class SourceOperator(ConnectorOperator):
+    """Wraps a :class:`~spark_plugin.connectors.base.Source`; the head of its chain."""
+
+    kind = role = "source"
+    watermarks: Any = None
+    """The source's ``WatermarkStrategy`` (``spark_plugin.api.watermarks``) when its records carry event time."""
+
+    def __init__(self, id: str, source: Source, **kw: Any) -> None:
+        super().__init__(id, source, **kw)
+
+    def functions(self) -> dict[str, Any]:
+        fns = super().functions()
+        if self.watermarks is not None:
+            fns["timestamp"] = self.watermarks.timestamp
+        return fns
+
+    @property
+    def source(self) -> Source:
+        return self.connector
+
+    def bind(self, out: Emit) -> Emit:
+        return out

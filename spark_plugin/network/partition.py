@@ -1,0 +1,176 @@
+"""A subtask's output side (Flink's result partition): its output channels, one record writer per output edge, and
+barriers sent on every channel, with the buffers a priority barrier overtakes handed to the channel-state writer.
+
+This is the one place that feeds the output side of channel state: the overtaken buffers when a barrier is sent
+with priority or converted to one, and the end of the output side once every channel has sent its barrier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from spark_plugin.network.barrier import CheckpointBarrier
+from spark_plugin.network.config import NetworkConfig
+from spark_plugin.network.mailbox import Mailbox
+from spark_plugin.network.output import OutputChannel
+from spark_plugin.network.persisting import ChannelStateWriting
+from spark_plugin.network.record_writer import RecordWriter, fan_out
+from spark_plugin.plan.topology import OutputEdgeSpec
+
+
+class OutputPartition:
+    """Every output channel of a subtask; ``emit`` is what the last operator of its chain writes records to."""
+
+    def __init__(
+        self,
+        edges: list[OutputEdgeSpec],
+        key_fns: list[Callable[[Any], Any] | None],
+        network: NetworkConfig,
+        mailbox: Mailbox,
+        writer: ChannelStateWriting,
+        start: int = 0,
+    ) -> None:
+        self.mailbox = mailbox
+        self.lock = mailbox.lock
+        self.writer = writer
+        self.channels: list[OutputChannel] = []
+        self.writers: list[RecordWriter] = []
+        self.by_key: dict[str, OutputChannel] = {}
+        self.ended = False
+        self._barriers_in_queue: dict[int, int] = {}
+        for edge, key_fn in zip(edges, key_fns, strict=True):
+            channels = []
+            for info, key in zip(edge.channels, edge.keys, strict=True):
+                ch = OutputChannel(
+                    len(self.channels), info, network.max_buffers_per_output_channel, mailbox, self._barrier_sent
+                )
+                self.channels.append(ch)
+                self.by_key[key] = ch
+                channels.append(ch)
+            self.writers.append(
+                RecordWriter(
+                    channels, edge.edge.partitioning, key_fn, edge.target_max_parallelism, network.buffer_size,
+                    mailbox, start=start,
+                )
+            )
+        # a side output's edge (late records of a window) gets only what its operator sends to that side
+        sides = [getattr(edge.edge, "side", None) for edge in edges]
+        self.emit = fan_out([w for w, side in zip(self.writers, sides, strict=True) if side is None])
+        self.side_emits = {
+            tag: fan_out([w for w, side in zip(self.writers, sides, strict=True) if side == tag])
+            for tag in set(sides) - {None}
+        }
+
+    # ---------------------------------------------------------------- records
+
+    def available(self) -> bool:
+        """Whether every channel has room for another buffer (False: backpressure)."""
+        for ch in self.channels:
+            if ch.buffers >= ch.max_buffers:
+                return False
+        return True
+
+    def flush(self) -> None:
+        """Send every partly filled buffer (on the flush interval, when idle, and before a barrier)."""
+        for w in self.writers:
+            w.flush_all()
+
+    def broadcast_element(self, element: Any) -> None:
+        """Send a watermark or status marker on every channel of every edge, in band behind the records so far."""
+        if self.ended:
+            return
+        for w in self.writers:
+            w.broadcast(element)
+
+    @property
+    def bytes_out(self) -> int:
+        return sum(w.bytes_out for w in self.writers)
+
+    # ---------------------------------------------------------------- barriers
+
+    def broadcast_barrier(self, barrier: CheckpointBarrier, priority: bool) -> None:
+        """Send the barrier on every channel: at the head of each queue (``priority``; what it overtook is persisted
+        for its checkpoint) or behind the queued buffers. The output side of the checkpoint's channel state ends once
+        every channel has sent it (at once when there is no channel or the output has ended)."""
+        self.flush()
+        cid = barrier.checkpoint_id
+        with self.lock:
+            if not self.channels or self.ended:
+                self.writer.finish_output(cid)
+                return
+            self._barriers_in_queue[cid] = len(self.channels)
+            for ch in self.channels:
+                if priority:
+                    for data, records in ch.add_priority_barrier(barrier):
+                        self.writer.add_output_data(cid, ch.info, data, records)
+                else:
+                    ch.add_barrier(barrier)
+
+    def convert_barrier(self, checkpoint_id: int) -> bool:
+        """Turn the checkpoint's aligned barriers still queued into priority barriers, persisting what they overtake;
+        True when any was still queued."""
+        converted = False
+        with self.lock:
+            for ch in self.channels:
+                overtaken = ch.convert_barrier(checkpoint_id)
+                if overtaken is None:
+                    continue
+                converted = True
+                for data, records in overtaken:
+                    self.writer.add_output_data(checkpoint_id, ch.info, data, records)
+        return converted
+
+    def barriers_queued(self, checkpoint_id: int) -> bool:
+        """Whether a barrier of the checkpoint still waits in an output queue."""
+        return self._barriers_in_queue.get(checkpoint_id, 0) > 0
+
+    def _barrier_sent(self, checkpoint_id: int) -> None:
+        """A sender thread sent a barrier (lock held)."""
+        left = self._barriers_in_queue.get(checkpoint_id)
+        if left is None:
+            return
+        if left <= 1:
+            del self._barriers_in_queue[checkpoint_id]
+            self.writer.finish_output(checkpoint_id)
+        else:
+            self._barriers_in_queue[checkpoint_id] = left - 1
+
+    def forget(self, checkpoint_id: int) -> None:
+        """The checkpoint was aborted: stop waiting for its barriers."""
+        with self.lock:
+            self._barriers_in_queue.pop(checkpoint_id, None)
+
+    def end_recovery(self) -> None:
+        """The restored output channel state is queued: mark its end on every channel (a restored downstream
+        subtask takes no new data before every upstream channel delivered this marker)."""
+        with self.lock:
+            for ch in self.channels:
+                ch.end_recovery()
+
+    # ---------------------------------------------------------------- end, failure, close
+
+    def end(self) -> None:
+        """No more records: flush and queue the end of partition on every channel."""
+        if self.ended:
+            return
+        self.flush()
+        with self.lock:
+            for ch in self.channels:
+                ch.end()
+            self.ended = True
+
+    def drained(self) -> bool:
+        """Every channel sent its end of partition (or is closed)."""
+        with self.lock:
+            return all(ch.finished or ch.closed for ch in self.channels)
+
+    def failed(self) -> OutputChannel | None:
+        for ch in self.channels:
+            if ch.error is not None:
+                return ch
+        return None
+
+    def close(self) -> None:
+        for ch in self.channels:
+            ch.close()

@@ -1,0 +1,304 @@
+"""The subtask's barrier handling, written as one small class per barrier state (Flink's ``BarrierHandlerState``).
+
+:class:`BarrierHandler` holds the current state and is the only one that changes the current checkpoint: a barrier
+of a newer checkpoint (or a source's trigger) starts one in the first state its policy names in :data:`FIRST_STATE`.
+Every event method of a state receives the :class:`BarrierActions` it may take as an argument and returns the next
+state. States never touch sockets, buffers or the coordinator, so every transition can be driven by scripted events.
+
+Adding a barrier policy means one ``BarrierPolicy`` value (``contract.models``), one entry in :data:`FIRST_STATE`,
+and one coordinator rule (``app.domain.policies``).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from contract.models import BarrierPolicy
+from spark_plugin.network.barrier import CheckpointBarrier
+
+
+class BarrierActions(Protocol):
+    """What barrier states may do to their subtask."""
+
+    def live_channels(self) -> set[int]:
+        """Input channels that can still deliver a barrier (not ended)."""
+
+    def now_ms(self) -> int:
+        """The current time in epoch milliseconds."""
+
+    def recovering(self) -> bool:
+        """Whether the subtask still replays the in-flight data it restored (it takes no checkpoint then)."""
+
+    def first_barrier(self, checkpoint_id: int) -> None:
+        """The checkpoint's first barrier arrived: the bytes it reports as processed count from now."""
+
+    def snapshot(self, barrier: CheckpointBarrier, unaligned: bool, first_barrier_ms: int) -> None:
+        """Snapshot operator state for the barrier's checkpoint and start recording its channel state."""
+
+    def forward_barrier(self, barrier: CheckpointBarrier, priority: bool) -> None:
+        """Send the barrier on every output channel: at the head (priority) or at the tail of the queue."""
+
+    def block(self, channel: int) -> None:
+        """Stop consuming ``channel`` (its barrier arrived during alignment)."""
+
+    def unblock_all(self) -> None:
+        """Resume consuming every channel."""
+
+    def start_persisting(self, channel: int, checkpoint_id: int) -> None:
+        """Persist the in-flight data of ``channel`` for the checkpoint until its barrier arrives there."""
+
+    def stop_persisting(self, channel: int, checkpoint_id: int) -> None:
+        """The checkpoint's barrier arrived on ``channel``: persist what it overtook, then stop."""
+
+    def finish_input(self, checkpoint_id: int, last_barrier_ms: int) -> None:
+        """Every input channel delivered its barrier; the input side of the channel state is complete."""
+
+    def abort(self, checkpoint_id: int, reason: str) -> None:
+        """Discard the checkpoint's work and decline it."""
+
+
+class BarrierState:
+    """One state of barrier handling; every event method returns the next state."""
+
+    checkpoint_id: int | None = None
+
+    def barrier_received(self, actions: BarrierActions, channel: int, barrier: CheckpointBarrier) -> BarrierState:
+        return self
+
+    def timer(self, actions: BarrierActions, now_ms: int) -> BarrierState:
+        return self
+
+    def switch_to_unaligned(self, actions: BarrierActions) -> BarrierState:
+        return self
+
+    def channel_ended(self, actions: BarrierActions, channel: int) -> BarrierState:
+        return self
+
+    def abandon(self, actions: BarrierActions, reason: str) -> BarrierState:
+        return self
+
+    def deadline(self) -> int | None:
+        return None
+
+
+class WaitingForFirstBarrier(BarrierState):
+    """No checkpoint in progress."""
+
+
+WAITING = WaitingForFirstBarrier()
+
+
+class CollectingBarriers(BarrierState):
+    """A checkpoint in progress: its barrier, when its first barrier came, and the channels whose barrier arrived."""
+
+    def __init__(self, barrier: CheckpointBarrier, first_barrier_ms: int, arrived: set[int] | None = None) -> None:
+        self.barrier = barrier
+        self.checkpoint_id = barrier.checkpoint_id
+        self.first_barrier_ms = first_barrier_ms
+        self.arrived: set[int] = arrived if arrived is not None else set()
+
+    def begin(self, actions: BarrierActions) -> CollectingBarriers:
+        """The checkpoint starts (its first barrier arrived, before it is received on its channel)."""
+        return self
+
+    def trigger(self, actions: BarrierActions) -> None:
+        """A subtask without input channels (a source) takes the checkpoint at once, on the coordinator's trigger."""
+        raise NotImplementedError
+
+    def all_arrived(self, actions: BarrierActions) -> bool:
+        return self.arrived >= actions.live_channels()
+
+
+class CollectingAligned(CollectingBarriers):
+    """Aligned: each channel blocks on its barrier; when all arrived, snapshot, forward at the tail and unblock."""
+
+    def trigger(self, actions: BarrierActions) -> None:
+        now = actions.now_ms()
+        actions.snapshot(self.barrier, False, now)
+        actions.forward_barrier(self.barrier, priority=False)
+        actions.finish_input(self.checkpoint_id, now)
+
+    def barrier_received(self, actions: BarrierActions, channel: int, barrier: CheckpointBarrier) -> BarrierState:
+        if barrier.unaligned:
+            # an upstream subtask switched and sent this barrier as a priority event: follow it
+            return self._switch(actions).barrier_received(actions, channel, barrier)
+        self.arrived.add(channel)
+        if self.all_arrived(actions):
+            return self._complete(actions)
+        actions.block(channel)
+        return self
+
+    def channel_ended(self, actions: BarrierActions, channel: int) -> BarrierState:
+        return self._complete(actions) if self.all_arrived(actions) else self
+
+    def _complete(self, actions: BarrierActions) -> BarrierState:
+        now = actions.now_ms()
+        actions.snapshot(self.barrier, False, self.first_barrier_ms)
+        actions.forward_barrier(self.barrier, priority=False)
+        actions.unblock_all()
+        actions.finish_input(self.checkpoint_id, now)
+        return WAITING
+
+    def switch_to_unaligned(self, actions: BarrierActions) -> BarrierState:
+        if self.barrier.deadline is None:
+            return self  # an aligned checkpoint (a savepoint, a source's final checkpoint) never switches
+        return self._switch(actions).maybe_done(actions)
+
+    def abandon(self, actions: BarrierActions, reason: str) -> BarrierState:
+        actions.unblock_all()
+        actions.abort(self.checkpoint_id, reason)
+        return WAITING
+
+    def _switch(self, actions: BarrierActions) -> CollectingUnaligned:
+        """Turn this alignment unaligned on the spot: the blocked channels need nothing persisted."""
+        barrier = self.barrier.as_unaligned()
+        actions.snapshot(barrier, True, self.first_barrier_ms)
+        actions.forward_barrier(barrier, priority=True)
+        actions.unblock_all()
+        for ch in sorted(actions.live_channels() - self.arrived):
+            actions.start_persisting(ch, self.checkpoint_id)
+        return CollectingUnaligned(barrier, self.first_barrier_ms, set(self.arrived))
+
+
+class CollectingAlignedUntilTimeout(CollectingAligned):
+    """aligned_then_unaligned: aligned until trigger time + alignment timeout, then unaligned on the spot."""
+
+    def deadline(self) -> int | None:
+        return self.barrier.deadline
+
+    def timer(self, actions: BarrierActions, now_ms: int) -> BarrierState:
+        deadline = self.barrier.deadline
+        if deadline is not None and now_ms >= deadline:
+            return self._switch(actions).maybe_done(actions)
+        return self
+
+
+class CollectingUnaligned(CollectingBarriers):
+    """Unaligned: snapshot on the first barrier, forward it with priority, persist each other channel's in-flight
+    data until its barrier arrives; never block."""
+
+    def __init__(self, barrier: CheckpointBarrier, first_barrier_ms: int, arrived: set[int] | None = None) -> None:
+        super().__init__(barrier.as_unaligned(), first_barrier_ms, arrived)
+
+    def begin(self, actions: BarrierActions) -> CollectingBarriers:
+        actions.snapshot(self.barrier, True, self.first_barrier_ms)
+        actions.forward_barrier(self.barrier, priority=True)
+        for ch in sorted(actions.live_channels()):
+            actions.start_persisting(ch, self.checkpoint_id)
+        return self
+
+    def trigger(self, actions: BarrierActions) -> None:
+        now = actions.now_ms()
+        actions.snapshot(self.barrier, True, now)
+        actions.forward_barrier(self.barrier, priority=True)
+        actions.finish_input(self.checkpoint_id, now)
+
+    def barrier_received(self, actions: BarrierActions, channel: int, barrier: CheckpointBarrier) -> BarrierState:
+        if channel in self.arrived:
+            return self
+        self.arrived.add(channel)
+        actions.stop_persisting(channel, self.checkpoint_id)
+        return self.maybe_done(actions)
+
+    def channel_ended(self, actions: BarrierActions, channel: int) -> BarrierState:
+        if channel not in self.arrived:
+            actions.stop_persisting(channel, self.checkpoint_id)
+        return self.maybe_done(actions)
+
+    def maybe_done(self, actions: BarrierActions) -> BarrierState:
+        if self.all_arrived(actions):
+            actions.finish_input(self.checkpoint_id, actions.now_ms())
+            return WAITING
+        return self
+
+    def abandon(self, actions: BarrierActions, reason: str) -> BarrierState:
+        for ch in sorted(actions.live_channels() - self.arrived):
+            actions.stop_persisting(ch, self.checkpoint_id)
+        actions.abort(self.checkpoint_id, reason)
+        return WAITING
+
+
+FIRST_STATE: dict[BarrierPolicy, type[CollectingBarriers]] = {
+    BarrierPolicy.aligned: CollectingAligned,
+    BarrierPolicy.unaligned: CollectingUnaligned,
+    BarrierPolicy.aligned_then_unaligned: CollectingAlignedUntilTimeout,
+}
+"""The state a checkpoint of each policy starts in."""
+
+
+class BarrierHandler:
+    """Holds one subtask's barrier state and its checkpoint progress, and feeds the state its events."""
+
+    def __init__(self, actions: BarrierActions, latest_checkpoint_id: int = 0) -> None:
+        self.actions = actions
+        self.latest_checkpoint_id = latest_checkpoint_id
+        """The newest checkpoint this subtask started, finished, restored or was told is aborted."""
+        self.switched: set[int] = set()
+        self.state: BarrierState = WAITING
+
+    @property
+    def pending_checkpoint(self) -> int | None:
+        return self.state.checkpoint_id
+
+    def restored(self, checkpoint_id: int) -> None:
+        """The subtask restored ``checkpoint_id``: barriers of it and older ones are late."""
+        self.latest_checkpoint_id = max(self.latest_checkpoint_id, checkpoint_id)
+
+    def _first_state(self, barrier: CheckpointBarrier) -> CollectingBarriers:
+        now = self.actions.now_ms()
+        deadline = barrier.deadline
+        if barrier.unaligned or barrier.checkpoint_id in self.switched or (deadline is not None and now >= deadline):
+            return CollectingUnaligned(barrier, now)
+        policy = BarrierPolicy.aligned if barrier.is_savepoint else barrier.policy
+        return FIRST_STATE[policy](barrier, now)
+
+    def _newer(self, barrier: CheckpointBarrier) -> bool:
+        """Whether the barrier starts a new checkpoint; an unfinished older one is abandoned for it."""
+        cid = barrier.checkpoint_id
+        if cid <= self.latest_checkpoint_id:
+            return False
+        if self.state.checkpoint_id is not None:
+            self.state = self.state.abandon(
+                self.actions, f"checkpoint {self.state.checkpoint_id} superseded by checkpoint {cid}"
+            )
+        self.latest_checkpoint_id = cid
+        return True
+
+    def on_barrier(self, channel: int, barrier: CheckpointBarrier) -> None:
+        if self._newer(barrier):
+            if self.actions.recovering():
+                # in-flight data of the restored checkpoint is still being replayed: a checkpoint now would have to
+                # persist it in an order a later restore could not replay (the coordinator triggers none until
+                # every subtask reported running; this one came anyway)
+                self.actions.abort(barrier.checkpoint_id, "the subtask is still replaying its restored in-flight data")
+                return
+            self.actions.first_barrier(barrier.checkpoint_id)
+            self.state = self._first_state(barrier).begin(self.actions)
+        if barrier.checkpoint_id == self.state.checkpoint_id:
+            self.state = self.state.barrier_received(self.actions, channel, barrier)
+        # else: a late barrier of a checkpoint already taken, aborted or superseded
+
+    def on_trigger(self, barrier: CheckpointBarrier) -> None:
+        """A subtask without input channels (a source) takes the coordinator's checkpoint at once."""
+        if self._newer(barrier):
+            self._first_state(barrier).trigger(self.actions)
+
+    def on_timer(self, now_ms: int) -> None:
+        self.state = self.state.timer(self.actions, now_ms)
+
+    def on_switch_to_unaligned(self, checkpoint_id: int) -> None:
+        """The coordinator's ``checkpoint.switch_to_unaligned``: obeyed now, or on the first barrier."""
+        self.switched.add(checkpoint_id)
+        if checkpoint_id == self.state.checkpoint_id:
+            self.state = self.state.switch_to_unaligned(self.actions)
+
+    def on_abort(self, checkpoint_id: int, reason: str) -> None:
+        self.latest_checkpoint_id = max(self.latest_checkpoint_id, checkpoint_id)  # never start an aborted one
+        if checkpoint_id == self.state.checkpoint_id:
+            self.state = self.state.abandon(self.actions, reason)
+
+    def on_channel_ended(self, channel: int) -> None:
+        self.state = self.state.channel_ended(self.actions, channel)
+
+    def deadline(self) -> int | None:
+        return self.state.deadline()

@@ -1,0 +1,102 @@
+"""The operator chain of one subtask: its own copies of the vertex's operators, opened, bound into one call per record,
+snapshotted and restored together."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+from pyspark import cloudpickle
+
+from spark_plugin.api.operators import Operator, SourceOperator
+from spark_plugin.connectors.base import Source
+
+Emit = Callable[[Any], None]
+
+
+class OperatorChain:
+    """The operators of a subtask's job vertex, head first (a source, if the chain starts with one)."""
+
+    def __init__(self, operators: list[Operator]) -> None:
+        self.operators = operators
+        head = operators[0]
+        self.source: Source | None = head.source if isinstance(head, SourceOperator) else None
+        self.keyed = any(op.keyed for op in operators)
+        self.event_time_state: Callable[[], Any] | None = None
+        """The subtask's event-time state (watermarks per input channel, ...), snapshotted with the operators."""
+        self.restored_event_time: list[Any] = []
+        """The event-time state of every blob restored (several after a rescale)."""
+
+    @classmethod
+    def copy_of(cls, operators: list[Operator]) -> OperatorChain:
+        """A chain of fresh copies of ``operators`` (as a Spark task would unpickle them)."""
+        return cls(cloudpickle.loads(cloudpickle.dumps(operators)))
+
+    @property
+    def head(self) -> Operator:
+        return self.operators[0]
+
+    def open(self, subtask_index: int, parallelism: int, max_parallelism: int) -> None:
+        for op in self.operators:
+            op.open(subtask_index, parallelism, max_parallelism)
+
+    def bind(self, emit: Emit) -> Emit:
+        """The function that processes one record through every operator and hands the results to ``emit``."""
+        for op in reversed(self.operators):
+            emit = op.bind(emit)
+        return emit
+
+    def bind_side_outputs(self, emits: dict[str, Emit]) -> None:
+        """Hand the operators that send to a side output (a window's late records) the functions that do."""
+        for op in self.operators:
+            bind = getattr(op, "bind_side_outputs", None)
+            if bind is not None:
+                bind(emits)
+
+    def rewind(self, job_id: int, checkpoint_id: int | None) -> None:
+        """An attempt of ``job_id`` starts from ``checkpoint_id``: before ``restore``, before any record (sinks
+        withdraw output of later checkpoints that they committed, since this attempt produces it again)."""
+        for op in self.operators:
+            op.rewind(job_id, checkpoint_id)
+
+    def snapshot(self, checkpoint_id: int) -> bytes | None:
+        """Every operator's state for the checkpoint, as one blob (None when the chain is stateless)."""
+        states = {op.id: op.snapshot(checkpoint_id) for op in self.operators}
+        event_time = self.event_time_state() if self.event_time_state is not None else None
+        if all(s is None for s in states.values()) and event_time is None:
+            return None
+        blob: dict[str, Any] = {"operators": states}
+        if event_time is not None:
+            blob["event_time"] = event_time
+        return pickle.dumps(blob, protocol=5)
+
+    def restore(self, blob: bytes, keyed_only: bool) -> None:
+        """Load one old subtask's state blob: every operator's part, or with ``keyed_only`` only keyed operators'
+        (each keeps the key groups of its own range); its event-time state is kept in any case (the subtask's event
+        time combines those of every old subtask it restores from)."""
+        data = pickle.loads(blob)
+        states = data["operators"]
+        for op in self.operators:
+            state = states.get(op.id)
+            if state is not None and (op.keyed or not keyed_only):
+                op.restore(state)
+        if data.get("event_time") is not None:
+            self.restored_event_time.append(data["event_time"])
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        for op in self.operators:
+            op.notify_checkpoint_complete(checkpoint_id)
+
+    def uncommitted(self) -> bool:
+        """Whether a sink of the chain holds output that waits for a checkpoint to complete."""
+        return any(op.uncommitted() for op in self.operators)
+
+    def close(self) -> dict[str, Any]:
+        """Close every operator; what each returns (a sink's output for the driver), by operator id."""
+        outputs: dict[str, Any] = {}
+        for op in self.operators:
+            out = op.close()
+            if out is not None:
+                outputs[op.id] = out
+        return outputs

@@ -1,0 +1,225 @@
+"""The subtask's side of a checkpoint: the actions barrier states take, its pending checkpoints, and their hand-over
+to the ack worker once their channel state is complete.
+
+:class:`CheckpointController` implements :class:`~spark_plugin.task.barriers.BarrierActions` on the subtask's
+parts: it snapshots the operator chain, has the output partition send barriers, has input channels persist their
+in-flight data, and collects what each checkpoint needs for its ack.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from spark_plugin.network.barrier import CheckpointBarrier
+from spark_plugin.network.input import InputGate
+from spark_plugin.network.partition import OutputPartition
+from spark_plugin.task.chain import OperatorChain
+from spark_plugin.task.channel_state import ChannelStateWriter
+from spark_plugin.task.coordination import AckWorker, CheckpointUpload
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class PendingCheckpoint:
+    """A checkpoint this subtask snapshotted and whose channel state is still being collected."""
+
+    barrier: CheckpointBarrier
+    operator_state: bytes | None
+    source_offsets: dict | None
+    unaligned: bool
+    first_barrier_ms: int
+    sync_duration: int
+    bytes_at_first_barrier: int
+    snapshot_ms: int = 0
+    switched_ms: int | None = None
+    backpressured: bool = False
+    converted: bool = False
+    last_barrier_ms: int | None = None
+    processed_bytes: int = 0
+
+
+class CheckpointController:
+    """The checkpoint actions of one subtask and its pending checkpoints."""
+
+    def __init__(
+        self,
+        name: str,
+        chain: OperatorChain,
+        gate: InputGate,
+        partition: OutputPartition,
+        writer: ChannelStateWriter,
+        ack_worker: AckWorker,
+        bytes_in: Callable[[], int],
+        in_hand: Callable[[int], bytes | None],
+        key_group_range: tuple[int, int] | None,
+    ) -> None:
+        self.name = name
+        self.chain = chain
+        self.gate = gate
+        self.partition = partition
+        self.writer = writer
+        self.ack_worker = ack_worker
+        self.lock = gate.mailbox.lock
+        self._bytes_in = bytes_in
+        self._in_hand = in_hand
+        self.key_group_range = key_group_range
+        self.pending: dict[int, PendingCheckpoint] = {}
+        self._bytes_at_first_barrier: dict[int, int] = {}
+        self.aborted_by_coordinator: set[int] = set()
+        self.log: list[dict] = []
+
+    # ================================================================================== BarrierActions
+
+    def live_channels(self) -> set[int]:
+        return {ch.index for ch in self.gate.channels if not ch.ended}
+
+    def now_ms(self) -> int:
+        return now_ms()
+
+    def recovering(self) -> bool:
+        return self.gate.recovering
+
+    def first_barrier(self, checkpoint_id: int) -> None:
+        # an aligned checkpoint snapshots only when alignment ends: what it processed counts from its first barrier
+        self._bytes_at_first_barrier[checkpoint_id] = self._bytes_in()
+
+    def snapshot(self, barrier: CheckpointBarrier, unaligned: bool, first_barrier_ms: int) -> None:
+        t0 = time.perf_counter()
+        cid = barrier.checkpoint_id
+        operator_state = self.chain.snapshot(cid)
+        source = self.chain.source
+        offsets = source.offsets() if source is not None else None
+        with self.lock:
+            self.writer.start(cid)
+        now = self.now_ms()
+        self.pending[cid] = PendingCheckpoint(
+            barrier=barrier,
+            operator_state=operator_state,
+            source_offsets=offsets,
+            unaligned=unaligned,
+            first_barrier_ms=first_barrier_ms,
+            sync_duration=int((time.perf_counter() - t0) * 1000),
+            bytes_at_first_barrier=self._bytes_at_first_barrier.pop(cid, self._bytes_in()),
+            snapshot_ms=now,
+            switched_ms=now if unaligned and barrier.deadline is not None else None,
+            backpressured=not self.partition.available(),
+        )
+
+    def forward_barrier(self, barrier: CheckpointBarrier, priority: bool) -> None:
+        p = self.pending.get(barrier.checkpoint_id)
+        if p is not None and priority:
+            p.converted = True
+        self.partition.broadcast_barrier(barrier, priority)
+
+    def block(self, channel: int) -> None:
+        self.gate.block(channel)
+
+    def unblock_all(self) -> None:
+        self.gate.unblock_all()
+
+    def start_persisting(self, channel: int, checkpoint_id: int) -> None:
+        with self.lock:
+            self.gate.channels[channel].checkpoint_started(checkpoint_id, self._in_hand(channel))
+
+    def stop_persisting(self, channel: int, checkpoint_id: int) -> None:
+        with self.lock:
+            self.gate.channels[channel].checkpoint_stopped(checkpoint_id)
+
+    def finish_input(self, checkpoint_id: int, last_barrier_ms: int) -> None:
+        p = self.pending.get(checkpoint_id)
+        if p is None:
+            return
+        p.last_barrier_ms = last_barrier_ms
+        p.processed_bytes = self._bytes_in() - p.bytes_at_first_barrier
+        with self.lock:
+            self.writer.finish_input(checkpoint_id)
+
+    def abort(self, checkpoint_id: int, reason: str) -> None:
+        """Discard the checkpoint's work; decline it unless the coordinator aborted it."""
+        self.drop(checkpoint_id, reason)
+        if checkpoint_id not in self.aborted_by_coordinator:
+            self.ack_worker.decline(checkpoint_id, f"{self.name}: {reason}")
+
+    # ================================================================================== the rest of a checkpoint
+
+    def aborted(self, checkpoint_id: int, reason: str) -> None:
+        """The coordinator aborted the checkpoint (and the barrier handler let go of it): drop whatever of it is
+        still here, e.g. its ack waiting to be sent."""
+        if checkpoint_id in self.pending:
+            self.drop(checkpoint_id, reason)
+        self.ack_worker.discard(checkpoint_id)
+
+    def drop(self, checkpoint_id: int, reason: str) -> None:
+        self.pending.pop(checkpoint_id, None)
+        self._bytes_at_first_barrier.pop(checkpoint_id, None)
+        with self.lock:
+            self.writer.abort(checkpoint_id)
+            for ch in self.gate.channels:
+                ch.persister.abort(checkpoint_id)
+        self.partition.forget(checkpoint_id)
+        self.ack_worker.discard(checkpoint_id)
+        self.log.append({"checkpoint_id": checkpoint_id, "aborted": reason})
+
+    def switch_output_barriers(self, checkpoint_id: int) -> None:
+        """Turn the checkpoint's aligned barriers still queued in outputs into priority barriers (its alignment
+        timeout passed, or the coordinator said so); a checkpoint without an alignment timeout never switches."""
+        p = self.pending.get(checkpoint_id)
+        if p is None or p.converted or p.barrier.deadline is None:
+            return
+        if self.partition.convert_barrier(checkpoint_id):
+            p.unaligned = True
+            p.switched_ms = p.switched_ms or self.now_ms()
+        p.converted = True
+
+    def switch_due_output_barriers(self, now: int) -> None:
+        for cid, p in list(self.pending.items()):
+            deadline = p.barrier.deadline
+            if not p.converted and deadline is not None and now >= deadline and self.partition.barriers_queued(cid):
+                self.switch_output_barriers(cid)
+
+    def next_deadline(self) -> int | None:
+        """The earliest alignment deadline of a pending checkpoint whose output barriers may still switch."""
+        deadlines = [p.barrier.deadline for p in self.pending.values() if not p.converted]
+        return min((d for d in deadlines if d is not None), default=None)
+
+    def taking(self) -> bool:
+        """Whether a checkpoint's channel state is still being collected."""
+        return bool(self.pending)
+
+    def hand_over_ready(self) -> None:
+        """Every checkpoint whose channel state is complete goes to the ack worker, oldest first."""
+        with self.lock:
+            ready = [cid for cid in self.writer.ready() if cid in self.pending]
+            results = [self.writer.take(cid) for cid in ready]
+        for cid, result in zip(ready, results, strict=True):
+            p = self.pending.pop(cid)
+            metrics = {
+                "sync_duration": p.sync_duration,
+                "alignment_duration": max(0, (p.last_barrier_ms or p.first_barrier_ms) - p.first_barrier_ms),
+                "start_delay": max(0, p.first_barrier_ms - p.barrier.trigger_timestamp),
+                "processed_data": p.processed_bytes,
+                "persisted_data": result.persisted_bytes,
+                "unaligned": p.unaligned,
+            }
+            self.log.append(
+                {"checkpoint_id": cid, "unaligned": p.unaligned, "persisted": result.persisted_bytes,
+                 "segments": len(result.segments), "policy": p.barrier.policy.value,
+                 "trigger_timestamp": p.barrier.trigger_timestamp, "alignment_timeout": p.barrier.alignment_timeout,
+                 "snapshot_ms": p.snapshot_ms, "switched_ms": p.switched_ms, "backpressured": p.backpressured}
+            )
+            self.ack_worker.submit(
+                CheckpointUpload(
+                    checkpoint_id=cid,
+                    operator_state=p.operator_state,
+                    channel_state=result.data if result.segments else None,
+                    channel_segments=result.segments,
+                    source_offsets=p.source_offsets,
+                    key_group_range=self.key_group_range,
+                    metrics=metrics,
+                )
+            )

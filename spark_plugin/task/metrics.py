@@ -1,0 +1,108 @@
+"""A subtask's live metrics: records/s, bytes/s and backpressure over its last window, sent to the coordinator
+off the subtask loop.
+
+The loop calls :meth:`LiveMetrics.tick` on every turn (it returns at once unless a second has passed) and
+:meth:`LiveMetrics.blocked` with the time it waited for room in its outputs. A sample is handed to a background
+thread through a one-slot mailbox (a newer sample replaces one not yet sent), so the loop never waits for the
+coordinator; a coordinator that is down or refuses a report costs a log line at debug level, and the next sample is
+sent a second later.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("overtake.subtask")
+
+INTERVAL = 1.0
+"""Seconds between two samples."""
+
+Send = Callable[[dict[str, Any], int], None]
+"""Sends one sample (the ``metrics`` of a ``SubtaskMetricsReport``) measured at a time in ms since the epoch."""
+
+
+class LiveMetrics:
+    """Turns the loop's counters into rates once per ``interval``; a no-op without ``send``."""
+
+    def __init__(self, send: Send | None, interval: float = INTERVAL, clock: Callable[[], float] = time.monotonic):
+        self.interval = interval
+        self.clock = clock
+        self.blocked_s = 0.0
+        """Seconds the loop waited for room in its outputs, in all."""
+        self._sender = MetricsSender(send) if send is not None else None
+        start = clock()
+        self._last = (start, 0, 0, 0, 0.0)
+        self._next = start + interval
+
+    def blocked(self, seconds: float) -> None:
+        """The loop waited ``seconds`` because no output had room (backpressure)."""
+        self.blocked_s += seconds
+
+    def tick(self, records_in: int, bytes_in: int, bytes_out: int) -> None:
+        now = self.clock()
+        if now < self._next or self._sender is None:
+            return
+        t0, records0, bytes_in0, bytes_out0, blocked0 = self._last
+        window = max(now - t0, 1e-6)
+        sample = {
+            "window_ms": max(1, round(window * 1000)),
+            "records_in_per_second": (records_in - records0) / window,
+            "bytes_in_per_second": (bytes_in - bytes_in0) / window,
+            "bytes_out_per_second": (bytes_out - bytes_out0) / window,
+            "backpressure": min(1.0, max(0.0, (self.blocked_s - blocked0) / window)),
+            "records_in": records_in,
+            "bytes_in": bytes_in,
+            "bytes_out": bytes_out,
+        }
+        self._last = (now, records_in, bytes_in, bytes_out, self.blocked_s)
+        self._next = now + self.interval
+        self._sender.offer(sample, int(time.time() * 1000))
+
+    def close(self, timeout: float = 1.0) -> None:
+        if self._sender is not None:
+            self._sender.close(timeout)
+
+
+class MetricsSender:
+    """Sends the newest sample on a daemon thread; drops what it cannot send."""
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.sent = 0
+        self.failed = 0
+        self._slot: tuple[dict[str, Any], int] | None = None
+        self._cv = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="metrics-sender", daemon=True)
+        self._thread.start()
+
+    def offer(self, sample: dict[str, Any], timestamp: int) -> None:
+        with self._cv:
+            self._slot = (sample, timestamp)
+            self._cv.notify()
+
+    def close(self, timeout: float = 1.0) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while self._slot is None and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                sample, timestamp = self._slot
+                self._slot = None
+            try:
+                self.send(sample, timestamp)
+                self.sent += 1
+            except Exception as e:  # noqa: BLE001 - a metrics report is never worth failing the subtask
+                self.failed += 1
+                log.debug("live metrics not sent (%s: %s)", type(e).__name__, e)

@@ -1,0 +1,103 @@
+"""Runs every subtask of a pipeline as threads of this process over real sockets (tests and debugging, no Spark).
+
+Each subtask goes through the same life as in a Spark task (``spark_plugin.task.life``); only the address exchange
+and the meeting point after the loops differ.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from spark_plugin.api.pipeline import PipelineDefinition
+from spark_plugin.network.config import NetworkConfig
+from spark_plugin.plan.topology import SubtaskSpec, subtask_specs
+from spark_plugin.task.coordination import CheckpointReporter, CoordinatorEvents
+from spark_plugin.task.life import SubtaskLife, build_subtask
+from spark_plugin.task.restore import FetchBlob
+from spark_plugin.task.subtask import Subtask, SubtaskResult
+
+
+class ThreadedRun:
+    """Every subtask in its own thread; ``start`` connects them, ``join`` returns their results."""
+
+    def __init__(
+        self,
+        pipeline: PipelineDefinition,
+        reporter_for: Callable[[SubtaskSpec], CheckpointReporter],
+        events_for: Callable[[SubtaskSpec], CoordinatorEvents | None],
+        network: NetworkConfig | None = None,
+        deadline: float | None = None,
+        restore: dict[tuple[str, int], dict] | None = None,
+        fetch: FetchBlob | None = None,
+        restore_checkpoint: int | None = None,
+        job_id: int = 0,
+    ) -> None:
+        self.plan = pipeline.plan()
+        self.specs = subtask_specs(self.plan)
+        network = network or NetworkConfig()
+        self.lives = [
+            SubtaskLife(build_subtask(self.plan, s, reporter_for(s), events_for(s), network, deadline=deadline))
+            for s in self.specs
+        ]
+        for life in self.lives:
+            spec = life.subtask.spec
+            life.prepare(job_id, restore_checkpoint, (restore or {}).get((spec.vertex, spec.subtask_index)), fetch)
+        self.results: dict[int, SubtaskResult] = {}
+        self.errors: dict[int, BaseException] = {}
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._loops_left = 0
+        self._all_left = threading.Event()
+
+    @property
+    def subtasks(self) -> list[Subtask]:
+        return [life.subtask for life in self.lives]
+
+    def subtask(self, vertex: str, index: int) -> Subtask:
+        for s in self.subtasks:
+            if s.spec.vertex == vertex and s.spec.subtask_index == index:
+                return s
+        raise KeyError((vertex, index))
+
+    def start(self) -> ThreadedRun:
+        addresses = {i: ("127.0.0.1", life.listen("127.0.0.1")) for i, life in enumerate(self.lives)}
+        for life in self.lives:
+            life.connect(addresses)
+        for i, life in enumerate(self.lives):
+            t = threading.Thread(target=self._run, args=(i, life), name=f"subtask {life.subtask.spec.name}")
+            t.daemon = True
+            self._threads.append(t)
+            t.start()
+        return self
+
+    def _left_loop(self) -> None:
+        with self._lock:
+            self._loops_left += 1
+            if self._loops_left == len(self.lives):
+                self._all_left.set()
+
+    def _run(self, i: int, life: SubtaskLife) -> None:
+        try:
+            result = life.run()
+        except BaseException as e:  # noqa: BLE001 - reported by join
+            self.errors[i] = e
+            self._left_loop()
+            return
+        self._left_loop()
+        try:
+            self.results[i] = life.end(result, wait_for_peers=self._all_left.wait)
+        except BaseException as e:  # noqa: BLE001 - reported by join
+            self.errors[i] = e
+
+    def join(self, timeout: float = 60.0) -> list[SubtaskResult]:
+        for t in self._threads:
+            t.join(timeout)
+        alive = [t.name for t in self._threads if t.is_alive()]
+        for life in self.lives:
+            life.close(5)
+        if alive:
+            raise TimeoutError(f"subtasks still running after {timeout}s: {alive}")
+        if self.errors:
+            raise next(iter(self.errors.values()))
+        return [self.results[i] for i in range(len(self.lives))]

@@ -1,0 +1,285 @@
+"""Event time across subtasks over real sockets (every subtask a thread, an in-memory coordinator): an idle source
+partition, a restore from an unaligned checkpoint whose in-flight data holds watermarks and late records, and a
+rescaled restore of window state and timers.
+
+The failure-free run of the same pipeline is the reference: with one source subtask each window subtask has one
+input channel, so with watermarks sent after every record that advances them, which records are late is a function
+of the input alone.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections import Counter
+
+import pytest
+
+from contract.events import JobStatusChanged
+from spark_plugin import Pipeline
+from spark_plugin.api.watermarks import MIN_WATERMARK, WatermarkStrategy
+from spark_plugin.api.windows import TumblingEventTimeWindows
+from spark_plugin.connectors import CollectSink
+from spark_plugin.connectors.event_sequence import EventSequenceSource
+from spark_plugin.network.config import NetworkConfig
+from spark_plugin.network.elements import is_marker
+from spark_plugin.task.channel_state import ChannelStateReader
+from spark_plugin.testing.threads import ThreadedRun
+from tests.spark_plugin.fakes import InMemoryCoordinator
+from tests.spark_plugin.test_rescale_threads import rescale_plan
+from tests.spark_plugin.test_restore_threads import plan_from_acks
+from tests.spark_plugin.test_subtask_threads import wait_for
+
+SMALL = NetworkConfig(buffer_size=512)
+WINDOW = 1000
+LATENESS = 500
+BUCKET = 500
+
+
+def coarse_ts(r):
+    """The source's view of event time: whole 500 ms buckets, so its watermark moves (and a watermark goes out)
+    only every few dozen records, deterministically."""
+    return r[1] - r[1] % BUCKET
+
+
+def ts(r):
+    return r[1]
+
+
+def key(r):
+    return r[0]
+
+
+def zero():
+    return (0, 0)
+
+
+def slow_add(acc, r):
+    time.sleep(0.0002)  # the window stage is the slow one: its inputs back up, so data is in flight
+    return (acc[0] + 1, acc[1] + r[3])
+
+
+def merge(a, b):
+    return (a[0] + b[0], a[1] + b[1])
+
+
+def events(count: int, late: bool) -> EventSequenceSource:
+    return EventSequenceSource(count=count, partitions=3, keys=20, skew=1.0, interval_ms=10, disorder_ms=40,
+                               late_every=3 if late else 0, late_ms=1000)
+
+
+def windowed_pipeline(count: int, late: bool, source_parallelism: int = 1) -> Pipeline:
+    """events -> key_by -> 1 s windows (500 ms lateness) counting and summing -> results; late records apart."""
+    p = Pipeline("windows", parallelism=2)
+    strategy = WatermarkStrategy(coarse_ts, max_out_of_orderness=50, interval=0)
+    windowed = (
+        p.source(events(count, late), id="src", parallelism=source_parallelism, watermarks=strategy)
+        .key_by(key)
+        .window(TumblingEventTimeWindows.of(WINDOW), allowed_lateness=LATENESS, timestamp=ts)
+        .aggregate(zero, slow_add, merge=merge, id="win")
+    )
+    windowed.sink(CollectSink(), id="out")
+    if late:
+        windowed.late_records().sink(CollectSink(), id="late")
+    return p
+
+
+def collected(results, sink_id: str) -> list:
+    return sorted(r for res in results for k, o in res.outputs.items() if k == sink_id for r in o["records"])
+
+
+def expected_windows(src: EventSequenceSource) -> list:
+    """What windows without late data must emit: a count and a sum of ``n`` per key and window."""
+    acc: Counter = Counter()
+    total: Counter = Counter()
+    for k, t, _q, n in src.all_records():
+        start = t - t % WINDOW
+        acc[(k, start, start + WINDOW)] += 1
+        total[(k, start, start + WINDOW)] += n
+    return sorted((k, s, e, (acc[(k, s, e)], total[(k, s, e)])) for k, s, e in acc)
+
+
+def run_to_end(p: Pipeline, **restore) -> tuple[ThreadedRun, list]:
+    coord = InMemoryCoordinator()
+    run = ThreadedRun(p, coord.reporter, coord.events, SMALL, **restore).start()
+    return run, run.join(120)
+
+
+def checkpoint_mid_stream(p: Pipeline, subtasks: int) -> tuple[InMemoryCoordinator, ThreadedRun]:
+    """Run until the windows took some records, take unaligned checkpoint 1, and stop there (as a failure would)."""
+    coord = InMemoryCoordinator()
+    run = ThreadedRun(p, coord.reporter, coord.events, SMALL).start()
+    wait_for(lambda: sum(st.records_in for st in run.subtasks if st.spec.vertex == "win") > 400, "records to flow")
+    coord.trigger(1, "unaligned")
+    wait_for(lambda: len(coord.acks.get(1, {})) == subtasks, "checkpoint 1")
+    coord.publish(JobStatusChanged(status="CANCELLED"))
+    run.join(60)
+    return coord, run
+
+
+def fetcher(coord: InMemoryCoordinator, transform=None):
+    def fetch(blob_id, start, end):
+        data = coord.blobs[blob_id]
+        if transform is not None and blob_id.endswith("-operator"):
+            data = transform(data)
+        return data if start is None else data[start : end + 1]
+
+    return fetch
+
+
+def in_flight(coord: InMemoryCoordinator, vertex: str) -> dict[int, list]:
+    """The persisted input of ``vertex``'s subtasks in checkpoint 1, as records and markers in channel order."""
+    out = {}
+    for (v, i), ack in coord.acks[1].items():
+        if v == vertex and ack.get("channel_state"):
+            reader = ChannelStateReader(coord.blobs[ack["channel_state"]["blob_id"]])
+            segs = [s for s in ack["channel_segments"] if s["direction"] == "input"]
+            out[i] = [e for s in segs for e in reader.segment_records(s)]
+    return out
+
+
+# ====================================================================================== idle partitions
+
+
+def idle_partition_pipeline(idleness: bool) -> tuple[Pipeline, EventSequenceSource]:
+    """Two source subtasks; partition 3 (read by subtask 1) never sends anything."""
+    src = EventSequenceSource(count=None, partitions=4, keys=10, interval_ms=1, disorder_ms=20, idle=[3], rate=2000)
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(20, ts).with_interval(50)
+    if idleness:
+        strategy = strategy.with_idleness(300)
+    p = Pipeline("idle", parallelism=2)
+    (
+        p.source(src, id="src", watermarks=strategy)
+        .key_by(key)
+        .window(TumblingEventTimeWindows.of(500))
+        .aggregate(lambda: 0, lambda n, r: n + 1, id="win")
+        .sink(CollectSink(), id="out")
+    )
+    return p, src
+
+
+def test_an_idle_source_partition_does_not_hold_windows_back():
+    p, src = idle_partition_pipeline(idleness=True)
+    coord = InMemoryCoordinator()
+    run = ThreadedRun(p, coord.reporter, coord.events, SMALL).start()
+    sinks = [run.subtask("win", i).chain.operators[-1].sink for i in range(2)]
+
+    def fired() -> list:
+        return sorted(r for s in sinks for r in list(s.records) if r[2] <= 2000)
+
+    expected: Counter = Counter()
+    for q in (0, 1, 2):
+        for n in range(2100):
+            k, t, _, _ = src.record(q, n)
+            if t < 2000:
+                expected[(k, t - t % 500, t - t % 500 + 500)] += 1
+    want = sorted((k, s, e, c) for (k, s, e), c in expected.items())
+    # the source never ends: these windows can only fire because partition 3 went idle
+    wait_for(lambda: len(fired()) >= len(want), "the first windows to fire while partition 3 is idle", 60)
+    coord.publish(JobStatusChanged(status="CANCELLED"))
+    run.join(60)
+    assert fired() == want
+
+
+def test_without_idleness_a_silent_partition_holds_the_watermark_back():
+    p, _ = idle_partition_pipeline(idleness=False)
+    coord = InMemoryCoordinator()
+    run = ThreadedRun(p, coord.reporter, coord.events, SMALL).start()
+    wins = [run.subtask("win", i) for i in range(2)]
+    wait_for(lambda: sum(w.records_in for w in wins) > 3000, "records to flow")
+    assert run.subtask("src", 0).output_watermark is not None  # the other source subtask moves on
+    assert run.subtask("src", 1).output_watermark is None  # partition 3 has sent nothing: no watermark at all
+    assert [w.watermark for w in wins] == [None, None]
+    coord.publish(JobStatusChanged(status="CANCELLED"))
+    run.join(60)
+
+
+# ====================================================================================== unaligned restores
+
+
+def test_a_restore_from_an_unaligned_checkpoint_judges_every_record_as_the_run_without_failures():
+    count = 800
+    _, reference = run_to_end(windowed_pipeline(count, late=True))
+    ref_out, ref_late = collected(reference, "out"), collected(reference, "late")
+    assert ref_late, "the input has records too late for their windows"
+    firings = Counter((k, s) for k, s, _, _ in ref_out)
+    assert any(n > 1 for n in firings.values()), "the input has records late within the allowed lateness"
+
+    coord, _ = checkpoint_mid_stream(windowed_pipeline(count, late=True), subtasks=7)
+    flight = in_flight(coord, "win")
+    assert any(is_marker(e) for records in flight.values() for e in records), "no watermark was in flight"
+    for (v, _), ack in coord.acks[1].items():
+        if v == "win":
+            state = pickle.loads(coord.blobs[ack["operator_state"]["blob_id"]])
+            assert state["event_time"]["valve"]["watermark"] > MIN_WATERMARK
+
+    _, restored = run_to_end(
+        windowed_pipeline(count, late=True), restore=plan_from_acks(coord.acks[1]), fetch=fetcher(coord),
+        restore_checkpoint=1,
+    )
+    assert collected(restored, "out") == ref_out  # no window fired twice, none skipped, nothing lost
+    assert collected(restored, "late") == ref_late  # no record judged late that was not, and the reverse
+
+
+def forget_event_time(blob: bytes) -> bytes:
+    """What a restore that regenerates watermarks after the in-flight data (Flink's) starts from."""
+    data = pickle.loads(blob)
+    data.pop("event_time", None)
+    for state in data["operators"].values():
+        if isinstance(state, dict) and "timers" in state:
+            state["timers"]["watermark"], state["timers"]["floors"] = MIN_WATERMARK, {}
+    return pickle.dumps(data)
+
+
+def test_a_restore_that_forgot_the_watermarks_would_let_late_records_in_flight_fire_their_windows_again():
+    """The control for the test above: it fails when the restore does not bring the watermarks back."""
+    count = 800
+    coord, _ = checkpoint_mid_stream(windowed_pipeline(count, late=True), subtasks=7)
+    stored = {}
+    for (v, i), ack in coord.acks[1].items():
+        if v == "win":
+            stored[i] = pickle.loads(coord.blobs[ack["operator_state"]["blob_id"]])["event_time"]["valve"]["watermark"]
+    before_first_watermark = []
+    for i, records in in_flight(coord, "win").items():
+        for e in records:
+            if is_marker(e):
+                break
+            before_first_watermark.append((e, stored[i]))
+    beyond = [r for r, wm in before_first_watermark if r[1] - r[1] % WINDOW + WINDOW - 1 + LATENESS <= wm]
+    assert beyond, "no record beyond the lateness was in flight ahead of the first watermark; take more in flight"
+
+    _, exact = run_to_end(windowed_pipeline(count, late=True), restore=plan_from_acks(coord.acks[1]),
+                          fetch=fetcher(coord), restore_checkpoint=1)
+    _, forgot = run_to_end(windowed_pipeline(count, late=True), restore=plan_from_acks(coord.acks[1]),
+                           fetch=fetcher(coord, forget_event_time), restore_checkpoint=1)
+    late_exact, late_forgot = collected(exact, "late"), collected(forgot, "late")
+    assert all(r in late_exact for r in beyond) and not any(r in late_forgot for r in beyond)
+    assert collected(forgot, "out") != collected(exact, "out")  # they fired windows that had fired and gone
+
+
+@pytest.mark.parametrize("new_parallelism", [3, 1])
+def test_a_rescaled_restore_of_window_state_and_timers_fires_every_window_once_with_all_its_records(new_parallelism):
+    count = 800
+    src = events(count, late=False)
+    want = expected_windows(src)
+    coord, _ = checkpoint_mid_stream(windowed_pipeline(count, late=False, source_parallelism=2), subtasks=4)
+    old = plan_from_acks(coord.acks[1])
+    pending = sum(
+        len(t)
+        for (v, _), part in old.items() if v == "win"
+        for ref in part["operator_state"]
+        for t in pickle.loads(coord.blobs[ref["blob_id"]])["operators"]["win"]["timers"]["event"].values()
+    )
+    assert pending > 0, "the checkpoint holds no pending window: nothing to rescale"
+    assert any(p["input_channel_state"] for k, p in old.items() if k[0] == "win")
+
+    pipeline = windowed_pipeline(count, late=False, source_parallelism=2)
+    for node in pipeline.nodes:
+        if node.op.id in ("win", "out"):
+            node.op.parallelism = new_parallelism
+    run, results = run_to_end(
+        pipeline, restore=rescale_plan(coord.acks[1], "win", new_parallelism), fetch=fetcher(coord),
+        restore_checkpoint=1,
+    )
+    assert [v.parallelism for v in run.plan.vertices] == [2, new_parallelism]
+    assert collected(results, "out") == want
