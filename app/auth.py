@@ -1,4 +1,5 @@
-"""Bearer-token auth: the admin token for management routes, a job's task token (stored hashed) for task routes."""
+"""Bearer-token auth: the admin token for management routes, an attempt's task token (stored hashed) for the routes
+its subtasks use. A task token works only while its attempt is the job's current one and the job has not ended."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import secrets
 from fastapi import Request
 
 from app.domain.context import Context
-from app.domain.jobs import job_for_token
+from app.domain.jobs import attempt_for_token, check_token_attempt
 from app.errors import Forbidden, Unauthorized
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ class Auth:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.admin_token = ctx.settings.admin_token
-        self._token_jobs: dict[str, int] = {}
+        self._token_attempts: dict[str, tuple[int, int]] = {}  # never changes for a token, so it is cached
 
     @property
     def enabled(self) -> bool:
@@ -55,35 +56,47 @@ class Auth:
             raise Unauthorized("the token is not valid for this coordinator")
 
     async def require_job(self, request: Request, job_id: int) -> None:
-        """Admin token, or the task token of this job."""
+        """Admin token, or the task token of this job's current attempt."""
         if self.enabled:
-            await self.require_job_header(request.headers.get("authorization"), job_id)
+            attempt = await self.require_job_header(request.headers.get("authorization"), job_id)
+            if attempt is not None:
+                async with self.ctx.tx(readonly=True) as s:
+                    refusal = await check_token_attempt(s, job_id, attempt)
+                if refusal is not None:
+                    raise Unauthorized(refusal)
 
-    async def require_job_header(self, authorization: str | None, job_id: int) -> None:
-        """As `require_job`, from the raw Authorization header (for the ack fast path)."""
+    async def require_job_header(self, authorization: str | None, job_id: int) -> int | None:
+        """As `require_job`, from the raw Authorization header, without checking that the token's attempt is still
+        current: returns that attempt (None for the admin token, or without auth), for the caller to check in its
+        own transaction (the ack path does, under the job row lock)."""
         if not self.enabled:
-            return
+            return None
         token = _token(authorization)
         if token is None:
             raise Unauthorized(
                 f"this route needs a token: job {job_id}'s task token (from starting an attempt) or the admin token"
             )
         if self._is_admin(token):
-            return
-        owner = await self._job_of(token)
+            return None
+        owner = await self._attempt_of(token)
         if owner is None:
             raise Unauthorized("the token is not valid for this coordinator")
-        if owner != job_id:
-            raise Forbidden(f"this task token belongs to job {owner}, not job {job_id}")
+        if owner[0] != job_id:
+            raise Forbidden(f"this task token belongs to job {owner[0]}, not job {job_id}")
+        return owner[1]
 
     async def _job_of(self, token: str) -> int | None:
+        owner = await self._attempt_of(token)
+        return owner[0] if owner is not None else None
+
+    async def _attempt_of(self, token: str) -> tuple[int, int] | None:
         digest = hashlib.sha256(token.encode()).hexdigest()
-        if digest in self._token_jobs:
-            return self._token_jobs[digest]
+        if digest in self._token_attempts:
+            return self._token_attempts[digest]
         async with self.ctx.tx(readonly=True) as s:
-            job_id = await job_for_token(s, token)
-        if job_id is not None:
-            if len(self._token_jobs) > 100_000:
-                self._token_jobs.clear()
-            self._token_jobs[digest] = job_id
-        return job_id
+            owner = await attempt_for_token(s, token)
+        if owner is not None:
+            if len(self._token_attempts) > 100_000:
+                self._token_attempts.clear()
+            self._token_attempts[digest] = owner
+        return owner

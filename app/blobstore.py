@@ -1,8 +1,12 @@
-"""The blob store for operator and channel state, chosen by URL: file:// (local directory) or any fsspec URL (s3://).
+"""The blob store for operator and channel state, chosen by URL: file:// (a directory the executors share), s3://
+(presigned writes and reads) or any other fsspec URL (state through the coordinator only).
 
-Keys are built by the server from ids it issued (`job-<id>/<blob id>`); no client-supplied name
-ever becomes a path. Uploads are streamed to a staging file while their sha256 and size are
-computed; only a verified upload is moved into place.
+Every object lies under its checkpoint's prefix, ``job-<id>/cp-<id, 12 digits>/`` (`checkpoint_prefix`), so a
+checkpoint's state is deleted by prefix. Under it: the blobs uploaded through the coordinator (named by the ids it
+issued) and the objects subtasks write themselves (one per subtask, named by the runtime, within the prefix the
+coordinator scoped its write target to). Blobs stored before this layout keep their keys ``job-<id>/<blob id>``.
+No client-supplied name becomes a path unless it matches the key patterns below. Uploads are streamed to a
+staging file while their sha256 and size are computed; only a verified upload is moved into place.
 """
 
 from __future__ import annotations
@@ -11,18 +15,47 @@ import asyncio
 import hashlib
 import os
 import re
+import shutil
+import stat as stat_mode
 import tempfile
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
 
 from app.errors import Invalid, TooLarge
+from app.registry import SchemeRegistry
+from contract.models import STATE_KEY_PATTERN, WriteTarget, state_prefix
 
-KEY_RE = re.compile(r"^job-[0-9]+/[0-9a-f]{32}$")
+LEGACY_KEY_RE = re.compile(r"^job-[0-9]+/[0-9a-f]{32}$")
+STATE_KEY_RE = re.compile(STATE_KEY_PATTERN)
+PREFIX_RE = re.compile(r"^job-[0-9]{1,19}/cp-[0-9]{12,19}/$")
 CHUNK = 1024 * 1024
+
+
+def is_key(key: str) -> bool:
+    """Whether `key` is an object key of this store's layout (under a checkpoint's prefix, or a legacy blob key)."""
+    return bool(STATE_KEY_RE.match(key) or LEGACY_KEY_RE.match(key))
+
+
+def _check_key(key: str) -> str:
+    if not is_key(key):
+        raise Invalid(f"not a blob key: {key!r}")
+    return key
+
+
+def _check_prefix(prefix: str) -> str:
+    if not PREFIX_RE.match(prefix):
+        raise Invalid(f"not a checkpoint prefix: {prefix!r}")
+    return prefix
+
+
+def checkpoint_prefix(job_id: int, checkpoint_id: int) -> str:
+    """The prefix of a checkpoint's objects: ``job-7/cp-000000000012/``."""
+    return _check_prefix(state_prefix(job_id, checkpoint_id))
 
 
 @dataclass
@@ -40,13 +73,21 @@ class Staged:
             pass
 
 
-def _digest(opener, path) -> str | None:
-    """sha256 of a stored blob, read in chunks; None if it is missing."""
+def _digest(opener, path, start: int = 0, length: int | None = None) -> str | None:
+    """sha256 of a stored blob (``length`` bytes from ``start`` of its object, or the rest), read in chunks; None
+    if it is missing."""
     try:
         h = hashlib.sha256()
         with opener(path, "rb") as f:
-            while chunk := f.read(CHUNK):
+            f.seek(start)
+            remaining = length
+            while remaining is None or remaining > 0:
+                chunk = f.read(CHUNK if remaining is None else min(CHUNK, remaining))
+                if not chunk:
+                    break
                 h.update(chunk)
+                if remaining is not None:
+                    remaining -= len(chunk)
         return h.hexdigest()
     except FileNotFoundError:
         return None
@@ -69,21 +110,45 @@ def new_blob_id() -> str:
 
 
 def blob_key(job_id: int, blob_id: str) -> str:
+    """The key of a blob stored before the per-checkpoint layout (its row has no key)."""
     key = f"job-{int(job_id)}/{blob_id}"
-    if not KEY_RE.match(key):
+    if not LEGACY_KEY_RE.match(key):
         raise Invalid(f"blob id {blob_id!r} is not a blob id issued by this coordinator")
     return key
 
 
+def upload_key(job_id: int, checkpoint_id: int, blob_id: str) -> str:
+    """The key of a blob uploaded through the coordinator: under its checkpoint's prefix, named by its id."""
+    if not re.fullmatch(r"[0-9a-f]{32}", blob_id):
+        raise Invalid(f"blob id {blob_id!r} is not a blob id issued by this coordinator")
+    return checkpoint_prefix(job_id, checkpoint_id) + blob_id
+
+
 class BlobStore(Protocol):
     url: str
+    presigned: bool  # its write targets and read URLs are presigned (they expire)
 
     async def stage(self, chunks: AsyncIterator[bytes], expected_sha256: str, max_size: int) -> Staged: ...
     async def commit(self, staged: Staged, key: str) -> None: ...
-    async def size(self, key: str) -> int | None: ...
+    async def size(self, key: str) -> int | None:
+        """The size of the object (a regular file, not a directory or a link), or None if there is none; a stat
+        or HEAD, off the event loop, never a read."""
+
     def read_range(self, key: str, start: int, end: int) -> AsyncIterator[bytes]: ...
-    async def sha256(self, key: str) -> str | None: ...
+    async def sha256(self, key: str, start: int = 0, length: int | None = None) -> str | None: ...
     async def delete(self, key: str) -> None: ...
+    async def delete_prefix(self, prefix: str) -> None:
+        """Delete everything under a checkpoint's prefix (nothing when there is nothing)."""
+
+    async def prune(self, prefix: str, keep: set[str]) -> list[str]:
+        """Delete everything under a checkpoint's prefix but the objects `keep` names; returns what it deleted."""
+
+    async def write_target(self, prefix: str, expires_at: int, max_size: int) -> WriteTarget | None:
+        """Where subtasks write under `prefix` themselves until `expires_at` (ms), or None: through the coordinator."""
+
+    async def read_urls(self, keys: Iterable[str], expires_in: int) -> dict[str, str]:
+        """URLs a subtask reads the objects from itself (empty: through the coordinator)."""
+
     async def check(self) -> None: ...
 
 
@@ -91,6 +156,7 @@ class _Base:
     """Staging is local for every backend: hash and size-check before anything reaches the store."""
 
     staging_dir: Path
+    presigned = False
 
     async def stage(self, chunks: AsyncIterator[bytes], expected_sha256: str, max_size: int) -> Staged:
         expected = expected_sha256.lower()
@@ -128,7 +194,43 @@ class _Base:
             raise
 
 
+def _lstat_size(path: Path) -> int | None:
+    try:
+        st = path.lstat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return st.st_size if stat_mode.S_ISREG(st.st_mode) else None
+
+
+def _remove(path: Path) -> None:
+    """Remove a file, a link or a directory tree; nothing if it is not there."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def _prune_dir(directory: Path, keep: set[str]) -> list[str]:
+    try:
+        entries = list(os.scandir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    removed = []
+    for entry in entries:
+        if entry.name not in keep:
+            _remove(Path(entry.path))
+            removed.append(entry.name)
+    return removed
+
+
 class FileBlobStore(_Base):
+    """A local directory, which executors on other machines share (a network file system): subtasks write their
+    objects there themselves; confinement to their checkpoint's prefix is the coordinator refusing acks of any key
+    outside it."""
+
     def __init__(self, url: str) -> None:
         self.url = url
         parsed = urlparse(url)
@@ -136,19 +238,14 @@ class FileBlobStore(_Base):
         self.staging_dir = self.root / ".staging"
 
     def _path(self, key: str) -> Path:
-        if not KEY_RE.match(key):
-            raise Invalid(f"not a blob key: {key!r}")
-        return self.root / key
+        return self.root / _check_key(key)
 
     async def commit(self, staged: Staged, key: str) -> None:
         # fsync the file, move it into place, fsync the directory: off the event loop, which serves the acks.
         await asyncio.to_thread(_durable_move, staged.path, self._path(key))
 
     async def size(self, key: str) -> int | None:
-        try:
-            return self._path(key).stat().st_size
-        except FileNotFoundError:
-            return None
+        return await asyncio.to_thread(_lstat_size, self._path(key))
 
     async def read_range(self, key: str, start: int, end: int) -> AsyncIterator[bytes]:
         with open(self._path(key), "rb") as f:
@@ -161,11 +258,25 @@ class FileBlobStore(_Base):
                 remaining -= len(chunk)
                 yield chunk
 
-    async def sha256(self, key: str) -> str | None:
-        return await asyncio.to_thread(_digest, open, self._path(key))
+    async def sha256(self, key: str, start: int = 0, length: int | None = None) -> str | None:
+        return await asyncio.to_thread(_digest, open, self._path(key), start, length)
 
     async def delete(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
+        await asyncio.to_thread(_remove, self._path(key))
+
+    async def delete_prefix(self, prefix: str) -> None:
+        await asyncio.to_thread(_remove, self.root / _check_prefix(prefix))
+
+    async def prune(self, prefix: str, keep: set[str]) -> list[str]:
+        names = {k[len(prefix) :] for k in keep if k.startswith(prefix)}
+        removed = await asyncio.to_thread(_prune_dir, self.root / _check_prefix(prefix), names)
+        return [prefix + name for name in removed]
+
+    async def write_target(self, prefix: str, expires_at: int, max_size: int) -> WriteTarget | None:
+        return WriteTarget(prefix=_check_prefix(prefix), url=self.root.as_uri() + "/", expires_at=expires_at)
+
+    async def read_urls(self, keys: Iterable[str], expires_in: int) -> dict[str, str]:
+        return {key: self._path(key).as_uri() for key in keys}
 
     async def check(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -174,36 +285,50 @@ class FileBlobStore(_Base):
 
 
 class FsspecBlobStore(_Base):
-    """Any fsspec filesystem (s3://bucket/prefix, memory://...)."""
+    """Any fsspec filesystem (gs://, az://, memory://...): state goes through the coordinator (no write targets,
+    no read URLs)."""
 
-    def __init__(self, url: str, staging_dir: Path) -> None:
+    def __init__(self, url: str, staging_dir: Path, **options) -> None:
         import fsspec
 
         self.url = url
-        self.fs, self.root = fsspec.core.url_to_fs(url)
+        self.fs, self.root = fsspec.core.url_to_fs(url, **options)
+        self.root = self.root.rstrip("/")
         self.staging_dir = staging_dir
 
     def _path(self, key: str) -> str:
-        if not KEY_RE.match(key):
-            raise Invalid(f"not a blob key: {key!r}")
-        return f"{self.root.rstrip('/')}/{key}"
+        return f"{self.root}/{_check_key(key)}"
 
     async def commit(self, staged: Staged, key: str) -> None:
         await asyncio.to_thread(self.fs.put_file, str(staged.path), self._path(key))
         staged.discard()
 
-    async def size(self, key: str) -> int | None:
+    def _size(self, path: str) -> int | None:
         try:
-            return int(await asyncio.to_thread(self.fs.size, self._path(key)))
+            info = self.fs.info(path)
         except FileNotFoundError:
             return None
+        return int(info["size"]) if info.get("type") == "file" else None
+
+    async def size(self, key: str) -> int | None:
+        path = self._path(key)
+        if not getattr(self.fs, "async_impl", False):
+            return await asyncio.to_thread(self._size, path)
+        # an async filesystem (s3fs): run its own coroutine on its I/O loop, so many HEADs can be in flight at once
+        # without holding a worker thread each
+        done = asyncio.run_coroutine_threadsafe(self.fs._info(path), self.fs.loop)
+        try:
+            info = await asyncio.wrap_future(done)
+        except FileNotFoundError:
+            return None
+        return int(info["size"]) if info.get("type") == "file" else None
 
     async def read_range(self, key: str, start: int, end: int) -> AsyncIterator[bytes]:
         data = await asyncio.to_thread(self.fs.cat_file, self._path(key), start, end + 1)
         yield data
 
-    async def sha256(self, key: str) -> str | None:
-        return await asyncio.to_thread(_digest, self.fs.open, self._path(key))
+    async def sha256(self, key: str, start: int = 0, length: int | None = None) -> str | None:
+        return await asyncio.to_thread(_digest, self.fs.open, self._path(key), start, length)
 
     async def delete(self, key: str) -> None:
         try:
@@ -211,13 +336,127 @@ class FsspecBlobStore(_Base):
         except FileNotFoundError:
             pass
 
+    def _find(self, prefix: str) -> list[str]:
+        """Keys (relative to the root) of every object under a prefix."""
+        base = f"{self.root}/{_check_prefix(prefix)}"
+        try:
+            found = self.fs.find(base)
+        except FileNotFoundError:
+            return []
+        return [path[len(self.root) + 1 :] for path in found if path.startswith(base)]
+
+    def _rm(self, keys: list[str]) -> None:
+        if not keys:
+            return
+        try:
+            self.fs.rm([f"{self.root}/{k}" for k in keys])
+        except FileNotFoundError:
+            pass
+
+    async def delete_prefix(self, prefix: str) -> None:
+        await self.prune(prefix, set())
+
+    async def prune(self, prefix: str, keep: set[str]) -> list[str]:
+        def run() -> list[str]:
+            doomed = [k for k in self._find(prefix) if k not in keep]
+            self._rm(doomed)
+            return doomed
+
+        return await asyncio.to_thread(run)
+
+    async def write_target(self, prefix: str, expires_at: int, max_size: int) -> WriteTarget | None:
+        return None
+
+    async def read_urls(self, keys: Iterable[str], expires_in: int) -> dict[str, str]:
+        return {}
+
     async def check(self) -> None:
-        await asyncio.to_thread(self.fs.ls, self.root.rstrip("/") or "/")
+        await asyncio.to_thread(self.fs.ls, self.root or "/")
+
+
+class S3BlobStore(FsspecBlobStore):
+    """s3://bucket/prefix through s3fs; subtasks write with presigned POSTs scoped to their checkpoint's prefix and
+    read with presigned GETs, so the runtime never holds credentials.
+
+    The endpoint, region and credentials are s3fs's and boto3's own: the standard AWS variables
+    (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``/``AWS_DEFAULT_REGION``,
+    ``AWS_ENDPOINT_URL``/``AWS_ENDPOINT_URL_S3``, ``AWS_PROFILE``), or fsspec's configuration (``FSSPEC_S3_*``
+    variables such as ``FSSPEC_S3_ENDPOINT_URL``, ``FSSPEC_S3_KEY``, ``FSSPEC_S3_SECRET``); the presigner takes
+    what s3fs was given, so both always talk to the same endpoint as the same principal.
+    """
+
+    presigned = True
+
+    def __init__(self, url: str, staging_dir: Path) -> None:
+        # no listings cache: whether an object exists must be asked of the store each time
+        super().__init__(url, staging_dir, use_listings_cache=False)
+        self.bucket, _, rest = self.root.partition("/")
+        self.base = f"{rest}/" if rest else ""  # the store's root inside the bucket
+        self._client = None
+
+    def _presigner(self):
+        if self._client is None:
+            import boto3
+            from botocore.config import Config
+
+            fs = self.fs
+            kwargs = dict(fs.client_kwargs)
+            if fs.endpoint_url:
+                kwargs["endpoint_url"] = fs.endpoint_url
+            if fs.key:
+                kwargs.update(aws_access_key_id=fs.key, aws_secret_access_key=fs.secret, aws_session_token=fs.token)
+            config = Config(**{"signature_version": "s3v4", **fs.config_kwargs})
+            self._client = boto3.session.Session().client("s3", config=config, **kwargs)
+        return self._client
+
+    def object_key(self, key: str) -> str:
+        """The key inside the bucket."""
+        return self.base + _check_key(key)
+
+    def presigned_post(self, prefix: str, expires_in: int, max_size: int) -> dict:
+        """A presigned POST whose policy allows keys under the prefix only, of at most `max_size` bytes."""
+        start = self.base + _check_prefix(prefix)
+        return self._presigner().generate_presigned_post(
+            self.bucket,
+            start + "${filename}",
+            Conditions=[["starts-with", "$key", start], ["content-length-range", 0, max_size]],
+            ExpiresIn=expires_in,
+        )
+
+    async def write_target(self, prefix: str, expires_at: int, max_size: int) -> WriteTarget | None:
+        expires_in = max(1, -(-(expires_at - int(time.time() * 1000)) // 1000))
+        post = await asyncio.to_thread(self.presigned_post, prefix, expires_in, max_size)
+        return WriteTarget(prefix=prefix, url=post["url"], fields=post["fields"], expires_at=expires_at)
+
+    async def read_urls(self, keys: Iterable[str], expires_in: int) -> dict[str, str]:
+        wanted = [_check_key(k) for k in keys]
+
+        def sign() -> dict[str, str]:
+            client = self._presigner()
+            return {
+                key: client.generate_presigned_url(
+                    "get_object", Params={"Bucket": self.bucket, "Key": self.base + key}, ExpiresIn=expires_in
+                )
+                for key in wanted
+            }
+
+        return await asyncio.to_thread(sign)
+
+    async def check(self) -> None:
+        await asyncio.to_thread(self.fs.info, self.bucket)
+
+
+BLOB_STORES: SchemeRegistry[BlobStore] = SchemeRegistry(
+    "blob store", "OVERTAKE_BLOB_URL", "file:///var/lib/overtake/blobs or s3://bucket/prefix"
+)
+BLOB_STORES.register("file", lambda url, data_dir: FileBlobStore(url))
+BLOB_STORES.register("s3", lambda url, data_dir: S3BlobStore(url, staging_dir=Path(data_dir).resolve() / "staging"))
+for _scheme in ("gs", "gcs", "az", "abfs", "memory"):  # fsspec's other object stores (and its in-memory one)
+    BLOB_STORES.register(
+        _scheme, lambda url, data_dir: FsspecBlobStore(url, staging_dir=Path(data_dir).resolve() / "staging")
+    )
 
 
 def blob_store_from_url(url: str, data_dir: Path) -> BlobStore:
-    """Pick the blob store by the URL's scheme (file:// or any fsspec protocol such as s3://)."""
-    scheme = urlparse(url).scheme
-    if scheme == "file":
-        return FileBlobStore(url)
-    return FsspecBlobStore(url, staging_dir=Path(data_dir).resolve() / "staging")
+    """The blob store for the URL's scheme, from the table of known blob-store schemes."""
+    return BLOB_STORES.create(url, data_dir=data_dir)

@@ -1,13 +1,17 @@
-"""Domain errors: each carries the HTTP status and a message that says what was wrong and what to do."""
+"""Domain errors and the one JSON error shape they are sent as: each error carries the HTTP status, a stable code
+and a message that says what was wrong and what to do; `error_payload` builds ``{"error": {code, message,
+details}}`` for every route, the ack fast path included."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 
 class DomainError(Exception):
     status_code = 400
     code = "bad_request"
+    headers: dict[str, str] = {}
 
     def __init__(self, message: str, details: Any | None = None) -> None:
         super().__init__(message)
@@ -51,8 +55,35 @@ class RangeNotSatisfiable(DomainError):
 
 
 class Unavailable(DomainError):
+    """The coordinator cannot serve the request right now (its database is busy or away); retry after a moment."""
+
     status_code = 503
     code = "unavailable"
+    headers = {"Retry-After": "1"}
+
+
+class Internal(DomainError):
+    status_code = 500
+    code = "internal"
+
+
+def error_payload(code: str, message: str, details: Any | None = None) -> dict[str, Any]:
+    """The one JSON error shape of the API: ``{"error": {"code", "message", "details"}}``."""
+    body: dict[str, Any] = {"code": code, "message": message}
+    if details is not None:
+        body["details"] = details
+    return {"error": body}
+
+
+def error_json(exc: DomainError) -> bytes:
+    """`exc` as the JSON bytes of the error shape (for the ASGI fast paths that answer without the framework)."""
+    return json.dumps(error_payload(exc.code, exc.message, exc.details)).encode()
+
+
+def invalid_from(errors: list[dict], prefix: tuple = ()) -> Invalid:
+    """A 422 from pydantic's or FastAPI's validation errors, every location prefixed with `prefix`."""
+    details = [{"loc": [*prefix, *e.get("loc", ())], "msg": e.get("msg")} for e in errors]
+    return Invalid(validation_message(details), details=details)
 
 
 def validation_message(errors: list[dict]) -> str:

@@ -1,5 +1,9 @@
 """The event bus, chosen by URL (memory:// in-process, redis:// across replicas), and the per-job event log.
 
+Every event carries its deployment's identity (`deployment`, the `OVERTAKE_NAMESPACE` setting, by default derived
+from the database URL: replicas of one deployment share it). The Redis channel is named after it, and a
+subscriber drops an event of another deployment, so deployments sharing one Redis never see each other's events.
+
 Events are written to the database in the transaction that causes them (numbered by a per-job
 sequence taken under the job row lock, so they commit in order), and published on the bus only
 after that commit. A stream reader replays the log after its Last-Event-ID, then follows the bus,
@@ -20,17 +24,23 @@ from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import EventRow, JobRow
-from client.models import Event, EventType
+from app.registry import SchemeRegistry
+from contract.events import EventPayload
+from contract.models import Event, EventType
 
 log = logging.getLogger(__name__)
-REDIS_CHANNEL = "overtake:events"
 
 
-def emit(session: AsyncSession, job: JobRow, type_: EventType, data: dict[str, Any], now: int) -> Event:
+def redis_channel(namespace: str) -> str:
+    return f"overtake:{namespace}:events"
+
+
+def emit(session: AsyncSession, job: JobRow, payload: EventPayload, now: int) -> Event:
     """Record an event in the job's log; it is published once the transaction commits."""
     job.event_seq = (job.event_seq or 0) + 1
-    event = Event(id=job.event_seq, job_id=job.id, type=type_, timestamp=now, data=data)
-    session.add(EventRow(job_id=job.id, seq=event.id, type=type_.value, ts=now, data=data))
+    data = payload.data()
+    event = Event(id=job.event_seq, job_id=job.id, type=payload.type, timestamp=now, data=data)
+    session.add(EventRow(job_id=job.id, seq=event.id, type=payload.type.value, ts=now, data=data))
     session.info.setdefault("overtake_events", []).append(event)
     return event
 
@@ -39,7 +49,9 @@ def pending_events(session: AsyncSession) -> list[Event]:
     return session.info.pop("overtake_events", [])
 
 
-async def read_log(session: AsyncSession, job_id: int, after: int, limit: int = 1000) -> list[Event]:
+async def read_log(
+    session: AsyncSession, job_id: int, after: int, limit: int = 1000, deployment: str | None = None
+) -> list[Event]:
     rows = (
         await session.execute(
             select(EventRow)
@@ -49,7 +61,8 @@ async def read_log(session: AsyncSession, job_id: int, after: int, limit: int = 
         )
     ).scalars()
     return [
-        Event(id=r.seq, job_id=r.job_id, type=EventType(r.type), timestamp=r.ts, data=r.data) for r in rows
+        Event(id=r.seq, job_id=r.job_id, type=EventType(r.type), timestamp=r.ts, data=r.data, deployment=deployment)
+        for r in rows
     ]
 
 
@@ -58,6 +71,8 @@ async def trim_log(session: AsyncSession, job_id: int, keep_after: int) -> None:
 
 
 class EventBus(Protocol):
+    namespace: str
+
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
     async def publish(self, events: list[Event]) -> None: ...
@@ -72,7 +87,9 @@ class MemoryBus:
 
     url = "memory://"
 
-    def __init__(self) -> None:
+    def __init__(self, namespace: str = "default") -> None:
+        self.namespace = namespace
+        self.dropped_foreign = 0
         self._subs: dict[int, set[asyncio.Queue[Event]]] = defaultdict(set)
         self._listeners: list = []
 
@@ -97,6 +114,9 @@ class MemoryBus:
             self._subs.pop(job_id, None)
 
     def deliver(self, event: Event) -> None:
+        if event.deployment != self.namespace:
+            self.dropped_foreign += 1  # another deployment's event: never ours, whatever its job id and number
+            return
         for callback in self._listeners:
             callback(event)
         for q in list(self._subs.get(event.job_id, ())):
@@ -107,7 +127,11 @@ class MemoryBus:
 
     async def publish(self, events: list[Event]) -> None:
         for e in events:
-            self.deliver(e)
+            self.deliver(self.stamp(e))
+
+    def stamp(self, event: Event) -> Event:
+        """The event as this deployment publishes it: with its identity."""
+        return event if event.deployment == self.namespace else event.model_copy(update={"deployment": self.namespace})
 
     async def ping(self) -> None:
         return None
@@ -116,11 +140,12 @@ class MemoryBus:
 class RedisBus(MemoryBus):
     """Publishes on a Redis channel; every replica's listener delivers to its local subscribers."""
 
-    def __init__(self, url: str) -> None:
-        super().__init__()
+    def __init__(self, url: str, namespace: str = "default") -> None:
+        super().__init__(namespace)
         import redis.asyncio as aioredis
 
         self.url = url
+        self.channel = redis_channel(namespace)
         self._redis = aioredis.from_url(url, socket_connect_timeout=5, health_check_interval=15)
         self._task: asyncio.Task[None] | None = None
 
@@ -140,14 +165,14 @@ class RedisBus(MemoryBus):
         while True:
             try:
                 pubsub = self._redis.pubsub()
-                await pubsub.subscribe(REDIS_CHANNEL)
+                await pubsub.subscribe(self.channel)
                 async for msg in pubsub.listen():
                     if msg.get("type") != "message":
                         continue
                     try:
                         self.deliver(Event.model_validate_json(msg["data"]))
                     except Exception:  # noqa: BLE001 - a bad message must not stop the listener
-                        log.warning("ignoring a malformed event on %s", REDIS_CHANNEL)
+                        log.warning("ignoring a malformed event on %s", self.channel)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001
@@ -155,9 +180,10 @@ class RedisBus(MemoryBus):
                 await asyncio.sleep(0.5)
 
     async def publish(self, events: list[Event]) -> None:
+        events = [self.stamp(e) for e in events]
         try:
             for e in events:
-                await self._redis.publish(REDIS_CHANNEL, e.model_dump_json())
+                await self._redis.publish(self.channel, e.model_dump_json())
         except Exception as exc:  # noqa: BLE001 - readers fall back to the log
             log.warning(
                 "could not publish %d events to redis (%s); readers will find them in the log",
@@ -171,12 +197,17 @@ class RedisBus(MemoryBus):
         await self._redis.ping()
 
 
-def event_bus_from_url(url: str) -> EventBus:
-    if url.startswith("memory://"):
-        return MemoryBus()
-    if url.startswith(("redis://", "rediss://", "unix://")):
-        return RedisBus(url)
-    raise ValueError(f"unsupported event bus URL {url!r}: use memory:// or redis://host:port/db")
+EVENT_BUSES: SchemeRegistry[EventBus] = SchemeRegistry(
+    "event bus", "OVERTAKE_REDIS_URL", "redis://host:6379/0 (unset: memory://, in-process)"
+)
+EVENT_BUSES.register("memory", lambda url, namespace: MemoryBus(namespace))
+for _scheme in ("redis", "rediss", "unix"):
+    EVENT_BUSES.register(_scheme, lambda url, namespace: RedisBus(url, namespace))
+
+
+def event_bus_from_url(url: str, namespace: str = "default") -> EventBus:
+    """The event bus for the URL's scheme, from the table of known event-bus schemes."""
+    return EVENT_BUSES.create(url, namespace=namespace)
 
 
 def to_sse(event: Event) -> dict[str, str]:
@@ -192,7 +223,7 @@ async def follow(
 ) -> AsyncIterator[Event]:
     """Events of a job after `after`, in order, without gaps: the log first, then the bus, gaps from the log.
 
-    `read(after) -> list[Event]` reads the log.
+    `read(after) -> list[Event]` reads the log. Only this deployment's events of this job are passed on.
     """
     queue = bus.subscribe(job_id)
     last = after
@@ -207,7 +238,7 @@ async def follow(
                     e = await asyncio.wait_for(queue.get(), timeout=poll_interval)
                 except asyncio.TimeoutError:
                     break  # poll the log in case a notification was lost
-                if e.id <= last:
+                if e.id <= last or e.job_id != job_id or e.deployment != bus.namespace:
                     continue
                 if e.id == last + 1:
                     last = e.id

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
@@ -16,11 +17,14 @@ from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import __doc__ as APP_DOC
-from app.api import acks, checkpoints, jobs, ops, tasks, ui
+from app.api import acks, checkpoints, jobs, live, ops, subtasks, ui
+from app.api.guards import CrossOriginGuard, RequestGuard
 from app.auth import Auth
+from app.db.migrate import upgrade
 from app.domain.acks import AckCommitter
 from app.domain.context import Context
-from app.errors import DomainError, validation_message
+from app.domain.live_metrics import LiveMetricsStore
+from app.errors import DomainError, Internal, error_payload, invalid_from
 from app.observability import setup_logging
 from app.scheduler import Scheduler
 from app.settings import Settings
@@ -30,11 +34,13 @@ UI_DIST = Path(__file__).parent / "ui" / "dist"
 VERSION = "0.1.0"
 
 
-def _error(status: int, code: str, message: str, details=None) -> JSONResponse:
-    body = {"error": {"code": code, "message": message}}
-    if details is not None:
-        body["error"]["details"] = details
-    return JSONResponse(body, status_code=status)
+def _error(exc: DomainError) -> JSONResponse:
+    return JSONResponse(
+        error_payload(exc.code, exc.message, exc.details), status_code=exc.status_code, headers=exc.headers or None
+    )
+
+
+ROUTERS = (jobs.router, checkpoints.router, acks.router, subtasks.router, live.router, ops.router, ui.router)
 
 
 def _operation_id(route: APIRoute) -> str:
@@ -43,16 +49,14 @@ def _operation_id(route: APIRoute) -> str:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
-    setup_logging(settings.log_level, settings.log_json)
+    setup_logging(settings.log_level, settings.effective_log_format)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         ctx: Context = app.state.ctx
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         if settings.auto_migrate:
-            from app.db.migrate import upgrade
-
-            await asyncio.to_thread(upgrade, settings)
+            await asyncio.to_thread(upgrade, settings.effective_database_url)
         await ctx.bus.start()
         committer = AckCommitter(ctx)
         await committer.start()
@@ -62,7 +66,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.scheduler_enabled:
             await scheduler.start()
         if not settings.admin_token:
-            log.warning("OVERTAKE_ADMIN_TOKEN is not set: the coordinator runs without authentication")
+            log.warning(
+                "OVERTAKE_ADMIN_TOKEN is not set: the coordinator runs without authentication; browsers may change "
+                "state only from its own origin%s (set OVERTAKE_ADMIN_TOKEN for tokens)",
+                f" and {', '.join(settings.cors_origins)}" if settings.cors_origins else "",
+            )
         log.info(
             "coordinator ready",
             extra={
@@ -91,15 +99,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.ctx = ctx
     app.state.settings = settings
     app.state.auth = Auth(ctx)
+    app.state.live_metrics = LiveMetricsStore()
 
     @app.exception_handler(DomainError)
     async def _domain(_: Request, exc: DomainError) -> JSONResponse:
-        return _error(exc.status_code, exc.code, exc.message, exc.details)
+        return _error(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in exc.errors()]
-        return _error(422, "invalid", validation_message(list(exc.errors())), errors)
+        return _error(invalid_from(list(exc.errors())))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -107,16 +115,33 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         message = exc.detail if isinstance(exc.detail, str) else "request refused"
         if exc.status_code == 404 and message == "Not Found":
             message = "no such route; the API is under /api/v1 (see /docs)"
-        return _error(exc.status_code, codes.get(exc.status_code, "http_error"), message)
+        refused = DomainError(message)
+        refused.status_code, refused.code = exc.status_code, codes.get(exc.status_code, "http_error")
+        refused.headers = dict(exc.headers or {})  # e.g. Allow on a 405
+        return _error(refused)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error")
-        return _error(500, "internal", f"internal error ({type(exc).__name__}); see the coordinator's log")
+        return _error(Internal(f"internal error ({type(exc).__name__}); see the coordinator's log"))
 
-    for router in (jobs.router, checkpoints.router, acks.router, tasks.router, ops.router, ui.router):
+    for router in ROUTERS:
         app.include_router(router)
-    app.add_middleware(acks.AckFastPath)
+    app.add_middleware(CrossOriginGuard, enabled=not settings.admin_token, allowed_origins=settings.cors_origins)
+    app.add_middleware(  # every request, the ack fast path included
+        RequestGuard,
+        max_body=settings.max_request_body,
+        max_upload=settings.max_upload_size,
+        retries=settings.db_retries,
+    )
+    app.add_middleware(  # answers preflights; an empty list allows no other origin
+        CORSMiddleware,
+        allow_origins=settings.cors_origins,
+        allow_methods=["*"],
+        allow_headers=["Authorization", "Content-Type", "Last-Event-ID", "X-Overtake-Client", "X-Overtake-Sha256"],
+        expose_headers=["Retry-After", "Content-Range", "X-Overtake-Sha256"],
+    )
+    app.add_middleware(acks.AckFastPath, max_body=settings.max_request_body)  # the hot path, before the others
 
     _document_errors(app)
 
@@ -141,7 +166,7 @@ def _document_errors(app: FastAPI) -> None:
     """Describe every error as the one JSON error shape the app really sends (not FastAPI's default)."""
     from fastapi.openapi.utils import get_openapi
 
-    from client.models import AckBatch, ErrorResponse, SubtaskAck
+    from contract.models import AckBatch, ErrorResponse, SubtaskAck, SubtaskReport
 
     def openapi() -> dict:
         if app.openapi_schema:
@@ -156,14 +181,29 @@ def _document_errors(app: FastAPI) -> None:
         for name, sub in error_schema.pop("$defs", {}).items():
             schemas[name] = sub
         schemas["ErrorResponse"] = error_schema
-        for model in (SubtaskAck, AckBatch):  # bodies the ack routes parse themselves, referenced by name
+        for model in (SubtaskAck, AckBatch, SubtaskReport):  # bodies the ack routes parse themselves, by name
             body_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             for name, sub in body_schema.pop("$defs", {}).items():
                 schemas.setdefault(name, sub)
             schemas.setdefault(model.__name__, body_schema)
+        spec["components"]["securitySchemes"] = {
+            "adminToken": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "OVERTAKE_ADMIN_TOKEN. When the coordinator runs without it, no token is needed.",
+            },
+            "taskToken": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "The task token of the job's current attempt (from starting the attempt), or the "
+                "admin token. It stops working when the attempt or the job ends.",
+            },
+        }
+        security = _route_security(app)
         ref = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
         for path, operations in spec.get("paths", {}).items():
             for op in operations.values():
+                op["security"] = security.get(op.get("operationId"), [])
                 responses = op.setdefault("responses", {})
                 if path.startswith("/api/"):
                     responses["422"] = {
@@ -180,6 +220,24 @@ def _document_errors(app: FastAPI) -> None:
         return spec
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _route_security(app: FastAPI) -> dict[str, list[dict]]:
+    """operationId -> its OpenAPI security: the admin token, a task token (or admin), or none (operations)."""
+    from app.api.deps import admin_only, job_access
+
+    out: dict[str, list[dict]] = {}
+    for route in (r for router in ROUTERS for r in router.routes):
+        if not isinstance(route, APIRoute):
+            continue
+        deps = {d.dependency for d in route.dependencies}
+        if admin_only in deps:
+            out[route.name] = [{"adminToken": []}]
+        elif job_access in deps or route.name in ("ack", "ack_batch"):  # the ack routes check tokens themselves
+            out[route.name] = [{"taskToken": []}, {"adminToken": []}]
+        else:
+            out[route.name] = []
+    return out
 
 
 def _redact(url: str) -> str:

@@ -30,17 +30,34 @@ ACK_BATCH = Histogram(
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
     registry=REGISTRY,
 )
+SCHEDULER_FAILURES = Counter(
+    "overtake_scheduler_failures_total",
+    "Scheduler actions on one job that failed (the job shows the error; other jobs are not held up).",
+    ["action"],
+    registry=REGISTRY,
+)
 BLOB_BYTES = Counter("overtake_blob_bytes_stored_total", "Bytes of blobs stored.", registry=REGISTRY)
 BLOBS_DELETED = Counter("overtake_blobs_deleted_total", "Blobs deleted from the store.", registry=REGISTRY)
 
 
-def setup_logging(level: str = "INFO", json_logs: bool = True) -> None:
+QUIET = {"alembic": logging.WARNING, "httpx": logging.WARNING}
+"""Loggers whose INFO lines are noise (Alembic's 'Context impl SQLiteImpl.' at every start, httpx's every request);
+they speak at DEBUG."""
+
+
+def setup_logging(level: str = "INFO", log_format: str | bool = "json") -> None:
+    """One handler on the root logger, in one format (``json`` or ``text``), for the coordinator's loggers and
+    uvicorn's (``overtake serve`` hands uvicorn's loggers to the root). ``True``/``False`` mean json/text."""
+    if isinstance(log_format, bool):
+        log_format = "json" if log_format else "text"
     root = logging.getLogger()
+    for name, quiet in QUIET.items():
+        logging.getLogger(name).setLevel(quiet if logging.getLevelName(level) != logging.DEBUG else logging.DEBUG)
     if getattr(root, "_overtake_configured", False):
         root.setLevel(level)
         return
     handler = logging.StreamHandler(sys.stderr)
-    if json_logs:
+    if log_format == "json":
         from pythonjsonlogger.json import JsonFormatter
 
         handler.setFormatter(JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))

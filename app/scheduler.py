@@ -1,6 +1,9 @@
 """The scheduler inside the service: periodic triggers, checkpoint timeouts, alignment-timeout switches,
-and sweeps (released blobs, old events). Safe with several replicas: each action re-checks its condition
+and sweeps (checkpoints' prefixes in the blob store, old events). Safe with several replicas: each action re-checks its condition
 under the job row lock, taken with SKIP LOCKED, so it happens once.
+
+Jobs are isolated: an action that fails on one job is logged, counted (`overtake_scheduler_failures_total`) and
+shown on that job (`scheduler_error`), and the pass goes on with the other jobs.
 
 It does not poll the database every tick: each pass computes when the next thing falls due and sleeps
 until then (at most `max_idle` seconds), or until an event (from this or another replica) wakes it."""
@@ -11,7 +14,7 @@ import asyncio
 import logging
 import time
 
-from sqlalchemy import case, func, select
+from sqlalchemy import case, func, select, update
 
 from app.db.models import CheckpointRow, JobRow
 from app.domain.checkpoints import ACTIVE, abort_checkpoint, pending_ids, trigger, trigger_refusal
@@ -19,7 +22,8 @@ from app.domain.context import BackgroundWorker, Context, lock_job, now_ms
 from app.domain.lifecycle import PENDING, AbortReason
 from app.errors import DomainError
 from app.events import emit, trim_log
-from client.models import CheckpointConfig, EventType
+from app.observability import SCHEDULER_FAILURES
+from contract.events import SwitchToUnaligned
 
 log = logging.getLogger(__name__)
 FAR = 2**62
@@ -62,7 +66,7 @@ class Scheduler(BackgroundWorker):
         next_due = min(await self._expire_and_switch(now), await self._periodic_triggers(now))
         if time.monotonic() >= self._next_sweep:
             self._next_sweep = time.monotonic() + 10
-            await self.ctx.sweep_released_blobs()
+            await self.ctx.sweep_state()
             await self._trim_events()
         return next_due
 
@@ -86,69 +90,94 @@ class Scheduler(BackgroundWorker):
                 )
             ).all()
         for job_id, cp_id in due:
-            async with self.ctx.tx() as s:
-                job = await lock_job(s, job_id, skip_locked=True)
-                if job is None:
-                    continue  # another replica (or an ack batch) holds it; next pass
-                cp = await s.get(CheckpointRow, (job_id, cp_id))
-                if cp is None or cp.status != PENDING:
-                    continue
-                if cp.timeout_at <= now:
-                    cfg = CheckpointConfig.model_validate(job.config)
-                    await abort_checkpoint(
-                        s,
-                        job,
-                        cp,
-                        AbortReason.expired,
-                        f"not acknowledged by all subtasks within timeout={cfg.timeout} ms "
-                        f"({cp.num_acked} of {cp.num_subtasks} acked)",
-                        now,
-                    )
-                elif cp.switch_at is not None and cp.switch_at <= now and cp.switched_ts is None:
-                    cp.switched_ts = now
-                    emit(
-                        s,
-                        job,
-                        EventType.checkpoint_switch_to_unaligned,
-                        {
-                            "checkpoint_id": cp.id,
-                            "attempt": cp.attempt,
-                            "alignment_timeout": cp.alignment_timeout,
-                        },
-                        now,
-                    )
+            try:
+                await self._expire_or_switch(job_id, cp_id, now)
+            except Exception as exc:  # noqa: BLE001 - one job's failure must not hold up the others
+                await self._failed(job_id, "expire_or_switch", exc)
         return min((t for t in upcoming if t is not None), default=FAR)
+
+    async def _expire_or_switch(self, job_id: int, cp_id: int, now: int) -> None:
+        async with self.ctx.tx() as s:
+            job = await lock_job(s, job_id, skip_locked=True)
+            if job is None:
+                return  # another replica (or an ack batch) holds it; next pass
+            cp = await s.get(CheckpointRow, (job_id, cp_id))
+            if cp is None or cp.status != PENDING:
+                return
+            if cp.timeout_at <= now:
+                await abort_checkpoint(
+                    s,
+                    job,
+                    cp,
+                    AbortReason.expired,
+                    f"not acknowledged by all subtasks within timeout={cp.timeout_at - cp.trigger_ts} ms "
+                    f"({cp.num_acked} of {cp.num_subtasks} acked)",
+                    now,
+                )
+            elif cp.switch_at is not None and cp.switch_at <= now and cp.switched_ts is None:
+                cp.switched_ts = now
+                emit(
+                    s,
+                    job,
+                    SwitchToUnaligned(
+                        checkpoint_id=cp.id, attempt=cp.attempt, alignment_timeout=cp.alignment_timeout
+                    ),
+                    now,
+                )
 
     async def _periodic_triggers(self, now: int) -> int:
         async with self.ctx.tx(readonly=True) as s:
             jobs = (
                 await s.execute(
-                    select(JobRow.id, JobRow.config, JobRow.last_trigger_at).where(JobRow.status.in_(ACTIVE))
+                    select(JobRow.id, JobRow.config, JobRow.last_trigger_at, JobRow.periodic_from).where(
+                        JobRow.status.in_(ACTIVE)
+                    )
                 )
             ).all()
         next_due = FAR
-        for job_id, config, last in jobs:
-            interval = config.get("interval")
+        for job_id, config, last, periodic_from in jobs:
+            interval = config.get("interval") if isinstance(config, dict) else None
             if not interval:
                 continue
-            if last is not None and now < last + interval:
-                next_due = min(next_due, last + interval)
-                continue
-            next_due = min(next_due, now + interval)
-            async with self.ctx.tx() as s:
-                job = await lock_job(s, job_id, skip_locked=True)
-                if job is None or job.status not in ACTIVE:
+            try:
+                interval = int(interval)
+                due = _due(last, periodic_from, interval)
+                if now < due:
+                    next_due = min(next_due, due)
                     continue
-                # Re-check under the lock: another replica may have fired this one already.
-                if job.last_trigger_at is not None and now < job.last_trigger_at + interval:
-                    continue
-                if trigger_refusal(job, await pending_ids(s, job.id), now, savepoint=False):
-                    continue
-                try:
-                    await trigger(s, job, now)
-                except DomainError as exc:
-                    log.info("periodic trigger of job %s skipped: %s", job_id, exc.message)
+                next_due = min(next_due, now + interval)
+                await self._trigger(job_id, interval, now)
+            except Exception as exc:  # noqa: BLE001 - one job's failure must not hold up the others
+                next_due = min(next_due, now + 1000)
+                await self._failed(job_id, "trigger", exc)
         return next_due
+
+    async def _trigger(self, job_id: int, interval: int, now: int) -> None:
+        async with self.ctx.tx() as s:
+            job = await lock_job(s, job_id, skip_locked=True)
+            if job is None or job.status not in ACTIVE:
+                return
+            # Re-check under the lock: another replica may have fired this one already.
+            if now < _due(job.last_trigger_at, job.periodic_from, interval):
+                return
+            if trigger_refusal(job, await pending_ids(s, job.id), now, savepoint=False):
+                return
+            try:
+                await trigger(s, job, now, targets=self.ctx.write_target)
+                job.scheduler_error = None
+            except DomainError as exc:
+                log.info("periodic trigger of job %s skipped: %s", job_id, exc.message)
+
+    async def _failed(self, job_id: int, action: str, exc: Exception) -> None:
+        """Log and count a failed action on one job, and show it on the job."""
+        SCHEDULER_FAILURES.labels(action).inc()
+        log.error("scheduler: %s of job %s failed: %s: %s", action, job_id, type(exc).__name__, exc, exc_info=exc)
+        message = f"the scheduler could not {action.replace('_', ' ')} at {now_ms()}: {type(exc).__name__}: {exc}"
+        try:
+            async with self.ctx.tx() as s:
+                await s.execute(update(JobRow).where(JobRow.id == job_id).values(scheduler_error=message[:2000]))
+        except Exception as record_exc:  # noqa: BLE001 - the log line above is what is left
+            log.warning("scheduler: could not record the failure on job %s: %s", job_id, record_exc)
 
     async def _trim_events(self) -> None:
         keep = self.ctx.settings.event_retention
@@ -157,3 +186,10 @@ class Scheduler(BackgroundWorker):
         for job_id, seq in jobs:
             async with self.ctx.tx() as s:
                 await trim_log(s, job_id, seq - keep)
+
+
+def _due(last_trigger_at: int | None, periodic_from: int | None, interval: int) -> int:
+    """When a job's next periodic checkpoint falls due: one interval after the last trigger (or the attempt's
+    start), and not before its subtasks all run (or their grace period is over)."""
+    due = (last_trigger_at or 0) + interval
+    return max(due, periodic_from) if periodic_from is not None else due

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.blobstore import BLOB_STORES
+from app.db.session import DATABASES
+from app.events import EVENT_BUSES
 
 
 class Settings(BaseSettings):
     """Everything the coordinator can be told. Defaults are the embedded, zero-setup ones."""
 
-    model_config = SettingsConfigDict(env_prefix="OVERTAKE_", env_file=None, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="OVERTAKE_", env_file=None, extra="ignore", enable_decoding=False)
 
     data_dir: Path = Field(
         default=Path(".overtake"), description="Where the embedded database and blobs live."
@@ -25,29 +32,114 @@ class Settings(BaseSettings):
         default=None, description="file:///dir or s3://bucket/prefix; default: data_dir/blobs."
     )
     redis_url: str | None = Field(default=None, description="redis://host:port/db; events between replicas.")
+    namespace: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_.\-]{1,64}$",
+        description="This deployment's identity on the event bus; default: derived from the database URL, so "
+        "replicas of one deployment share it and deployments sharing a Redis never mix.",
+    )
     admin_token: str | None = Field(
         default=None, description="Bearer token for management routes; unset = open."
     )
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="Origins (scheme://host:port) whose pages may call the API from a browser (CORS); without "
+        "auth, state-changing requests from any other origin are refused. JSON list or comma-separated.",
+    )
     host: str = "127.0.0.1"
     port: int = 8321
-    max_blob_size: int = Field(default=512 * 1024 * 1024, description="Largest accepted upload, bytes.")
+    max_blob_size: int = Field(default=512 * 1024 * 1024, description="Largest accepted blob, bytes.")
+    max_request_body: int = Field(
+        default=8 * 1024 * 1024,
+        description="Largest accepted request body other than an upload (JSON), bytes; larger ones get a 413.",
+    )
+    db_retries: int = Field(
+        default=4,
+        ge=0,
+        le=20,
+        description="How often a request whose transaction failed transiently (deadlock, serialization failure, "
+        "lost connection) runs again before it is answered 503 with Retry-After.",
+    )
     scheduler_tick: float = Field(default=0.05, description="Seconds between scheduler passes.")
     scheduler_enabled: bool = True
     ack_batch_max: int = Field(
         default=512, description="Most acks committed in one group-commit transaction."
     )
     event_retention: int = Field(default=20_000, description="Events kept per job for resuming streams.")
-    verify_blobs_on_restore: bool = True
+    state_writes: Literal["direct", "coordinator"] = Field(
+        default="direct",
+        description="direct: subtasks write their state straight into the blob store (every checkpoint's trigger "
+        "event carries a write target scoped to its prefix) and ack handles; coordinator: for executors that "
+        "cannot reach the store, no target is handed out and subtasks upload their state through the coordinator.",
+    )
+    verify_blobs_on_restore: Literal["stat", "sha256"] = Field(
+        default="stat",
+        description="How a restore plan checks a checkpoint's blobs: stat (each object exists with its size; the "
+        "subtask verifies checksums as it reads) or sha256 (read and hash every blob: slow with large state).",
+    )
+    read_url_expiry: int = Field(
+        default=3600,
+        ge=60,
+        le=7 * 24 * 3600,
+        description="Seconds a presigned read URL in a restore plan works (s3:// stores).",
+    )
+    late_write_grace: float = Field(
+        default=60.0,
+        ge=0,
+        le=24 * 3600,
+        description="Seconds after a checkpoint's timeout at which its prefix is swept once more: objects a subtask "
+        "wrote too late (after an abort) or never acked are collected then.",
+    )
+    running_grace: float = Field(
+        default=120.0,
+        gt=0,
+        le=3600,
+        description="Seconds an attempt that waits for its subtasks to report running waits at most before its "
+        "periodic checkpoints start anyway.",
+    )
     auto_migrate: bool = Field(default=True, description="Upgrade the database schema at start-up.")
     log_level: str = "INFO"
-    log_json: bool = True
+    log_format: Literal["json", "text"] = Field(
+        default="json",
+        description="One format for every log line of the coordinator, uvicorn's included: json (one object a "
+        "line, for log collectors) or text (for people).",
+    )
+    log_json: bool | None = Field(default=None, description="Older form of log_format: false means text.")
     db_pool_size: int = 10
 
-    @field_validator("max_blob_size", "ack_batch_max", "event_retention", "db_pool_size")
+    @property
+    def effective_log_format(self) -> str:
+        return "text" if self.log_json is False else self.log_format
+
+    @property
+    def max_upload_size(self) -> int:
+        """The largest upload request: a subtask's two blobs and its ack (acks/with-state)."""
+        return 2 * self.max_blob_size + self.max_request_body
+
+    @field_validator("max_blob_size", "max_request_body", "ack_batch_max", "event_retention", "db_pool_size")
     @classmethod
     def _positive(cls, v: int) -> int:
         if v <= 0:
             raise ValueError(f"must be positive, got {v}")
+        return v
+
+    @field_validator("verify_blobs_on_restore", mode="before")
+    @classmethod
+    def _verify_mode(cls, v):
+        """The setting was a boolean once: true (hash every blob) is sha256, false is stat."""
+        if isinstance(v, bool):
+            return "sha256" if v else "stat"
+        if isinstance(v, str) and v.strip().lower() in ("true", "1", "yes", "false", "0", "no"):
+            return "sha256" if v.strip().lower() in ("true", "1", "yes") else "stat"
+        return v
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _origins(cls, v):
+        if isinstance(v, str):
+            if v.strip().startswith("["):
+                return json.loads(v)
+            return [o.strip() for o in v.split(",") if o.strip()]
         return v
 
     @field_validator("scheduler_tick")
@@ -59,18 +151,20 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _urls(self) -> Settings:
-        db = self.effective_database_url
-        if not (db.startswith("sqlite+aiosqlite://") or db.startswith("postgresql+asyncpg://")):
-            raise ValueError(
-                f"OVERTAKE_DATABASE_URL {db!r} is not supported: use sqlite+aiosqlite:///file.db "
-                "or postgresql+asyncpg://user@host:port/db"
-            )
-        blob = self.effective_blob_url
-        if "://" not in blob:
-            raise ValueError(f"OVERTAKE_BLOB_URL {blob!r} needs a scheme: file:///dir or s3://bucket/prefix")
-        if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"OVERTAKE_REDIS_URL {self.redis_url!r} must start with redis:// or rediss://")
+        """Every backend URL names a scheme of its backend's table (the error lists the known ones)."""
+        DATABASES.check(self.effective_database_url)
+        BLOB_STORES.check(self.effective_blob_url)
+        EVENT_BUSES.check(self.event_bus_url)
         return self
+
+    @cached_property
+    def effective_namespace(self) -> str:
+        """The deployment's identity: set, or a digest of the database URL without its password (every replica
+        of a deployment uses the same database, and two deployments never do)."""
+        if self.namespace:
+            return self.namespace
+        url = make_url_safe(self.effective_database_url)
+        return "db-" + hashlib.sha256(url.encode()).hexdigest()[:16]
 
     @cached_property
     def effective_database_url(self) -> str:
@@ -91,3 +185,14 @@ class Settings(BaseSettings):
     @property
     def event_bus_url(self) -> str:
         return self.redis_url or "memory://"
+
+
+def make_url_safe(url: str) -> str:
+    """The URL without a password (user@host stays), lower-cased scheme and host: the same database, the same text."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    creds, at, host = rest.rpartition("@")
+    if at:
+        rest = f"{creds.split(':', 1)[0]}@{host}"
+    return f"{scheme.lower()}://{rest}"

@@ -6,13 +6,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from app.api.deps import TASK, CheckpointId, CtxDep, JobId
+from app.api.deps import TASK, CheckpointId, CtxDep, JobId, Offset
 from app.domain import views
 from app.domain.checkpoints import trigger
 from app.domain.context import get_job_or_404, now_ms
 from app.domain.external import record_external
 from app.domain.restore import build_plan, select_checkpoint
-from client.models import (
+from contract.models import (
+    MAX_ID,
     ChannelStateManifest,
     Checkpoint,
     CheckpointDetail,
@@ -34,7 +35,7 @@ async def trigger_checkpoint(job_id: JobId, ctx: CtxDep, body: TriggerRequest | 
     body = body or TriggerRequest()
     async with ctx.tx() as s:
         job = await get_job_or_404(s, job_id, lock=True)
-        cp = await trigger(s, job, now_ms(), policy=body.policy)
+        cp = await trigger(s, job, now_ms(), policy=body.policy, targets=ctx.write_target)
         return views.checkpoint_model(cp)
 
 
@@ -44,7 +45,7 @@ async def trigger_savepoint(job_id: JobId, ctx: CtxDep, body: SavepointRequest |
     body = body or SavepointRequest()
     async with ctx.tx() as s:
         job = await get_job_or_404(s, job_id, lock=True)
-        cp = await trigger(s, job, now_ms(), savepoint=True, stop=body.stop)
+        cp = await trigger(s, job, now_ms(), savepoint=True, stop=body.stop, targets=ctx.write_target)
         return views.checkpoint_model(cp)
 
 
@@ -70,7 +71,7 @@ async def list_checkpoints(
     ctx: CtxDep,
     status: CheckpointStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> CheckpointPage:
     """Checkpoint history, newest first."""
     async with ctx.tx(readonly=True) as s:
@@ -103,7 +104,7 @@ async def channel_state(job_id: JobId, checkpoint_id: CheckpointId, ctx: CtxDep)
 
 @router.get("/restore-plan", dependencies=TASK, response_model=RestorePlan)
 async def restore_plan(
-    job_id: JobId, ctx: CtxDep, checkpoint_id: Annotated[int | None, Query(ge=1)] = None
+    job_id: JobId, ctx: CtxDep, checkpoint_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None
 ) -> RestorePlan:
     """What restoring would load: the latest completed checkpoint, or the one named; verified, with fallbacks."""
     requested = checkpoint_id if checkpoint_id is not None else "latest"

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Path, Request
+from fastapi import Depends, Path, Query, Request
 
 from app.auth import Auth
 from app.domain.acks import AckCommitter
 from app.domain.context import Context
+from contract.models import MAX_ID
 
 
 def get_ctx(request: Request) -> Context:
@@ -27,13 +28,15 @@ async def admin_only(request: Request) -> None:
     await request.app.state.auth.require_admin(request)
 
 
-async def job_access(request: Request, job_id: Annotated[int, Path(ge=1)]) -> None:
+async def job_access(request: Request, job_id: Annotated[int, Path(ge=1, le=MAX_ID)]) -> None:
     await request.app.state.auth.require_job(request, job_id)
 
 
 CtxDep = Annotated[Context, Depends(get_ctx)]
 CommitterDep = Annotated[AckCommitter, Depends(get_committer)]
-JobId = Annotated[int, Path(ge=1, description="Job id")]
-CheckpointId = Annotated[int, Path(ge=0, description="Checkpoint id")]
+JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="Job id")]
+CheckpointId = Annotated[int, Path(ge=0, le=MAX_ID, description="Checkpoint id")]
+BlobId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$", description="A blob id the coordinator issued")]
+Offset = Annotated[int, Query(ge=0, le=MAX_ID)]
 ADMIN = [Depends(admin_only)]
 TASK = [Depends(job_access)]

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 
-from app.api.deps import ADMIN, TASK, CtxDep, JobId
+from app.api.deps import ADMIN, TASK, CtxDep, JobId, Offset
 from app.domain import jobs, views
 from app.domain.context import get_job_or_404
-from client.models import Attempt, AttemptCreate, Job, JobCreate, JobFinish, JobPage, JobStatus
+from contract.models import (
+    MAX_ATTEMPT,
+    Attempt,
+    AttemptCreate,
+    AttemptPage,
+    Job,
+    JobCreate,
+    JobFinish,
+    JobPage,
+    JobStatus,
+    RunningReport,
+    RunningState,
+)
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
@@ -26,10 +38,10 @@ async def create_job(body: JobCreate, ctx: CtxDep) -> Job:
 async def list_jobs(
     ctx: CtxDep,
     status: JobStatus | None = None,
-    name: str | None = None,
-    label: Annotated[str | None, Query(pattern=r"^[^=]+=.*$", description="key=value")] = None,
+    name: Annotated[str | None, Query(max_length=128)] = None,
+    label: Annotated[str | None, Query(pattern=r"^[^=]+=.*$", max_length=1200, description="key=value")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> JobPage:
     """Jobs, newest first, filtered by status, name or a label (`key=value`)."""
     async with ctx.tx(readonly=True) as s:
@@ -65,4 +77,29 @@ async def start_attempt(job_id: JobId, ctx: CtxDep, body: AttemptCreate | None =
     With `parallelism`, the job is rescaled: keyed state is split by key group, channel state redistributed."""
     body = body or AttemptCreate()
     async with ctx.tx() as s:
-        return await jobs.start_attempt(ctx, s, job_id, body.restore_from, body.parallelism)
+        return await jobs.start_attempt(
+            ctx, s, job_id, body.restore_from, body.parallelism, body.wait_for_running, body.reason
+        )
+
+
+@router.get("/{job_id}/attempts", dependencies=TASK, response_model=AttemptPage)
+async def list_attempts(
+    job_id: JobId,
+    ctx: CtxDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    offset: Offset = 0,
+) -> AttemptPage:
+    """A job's attempts, newest first: the checkpoint each restored, the ones its restore passed over and why, and
+    the vertices it rescaled."""
+    async with ctx.tx(readonly=True) as s:
+        return await views.list_attempts(s, job_id, limit, offset)
+
+
+@router.post("/{job_id}/attempts/{attempt}/running", dependencies=TASK, response_model=RunningState)
+async def report_running(
+    job_id: JobId, attempt: Annotated[int, Path(ge=1, le=MAX_ATTEMPT)], body: RunningReport, ctx: CtxDep
+) -> RunningState:
+    """A subtask of the attempt runs (idempotent). When every subtask reported, the attempt's periodic checkpoints
+    count their interval from then (with `wait_for_running`), so no checkpoint's timeout is spent on start-up."""
+    async with ctx.tx() as s:
+        return await jobs.report_running(s, job_id, attempt, body)

@@ -8,7 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.api.deps import CtxDep
 from app.observability import REGISTRY
-from client.models import Health
+from contract.models import Health
 
 router = APIRouter(tags=["operations"])
 

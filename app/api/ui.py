@@ -1,10 +1,9 @@
 """Routes for the web UI: where a job's event stream stands, and a safe preview of a channel-state segment.
 
-A segment is ``[u32 length][buffer]`` repeated and a buffer is ``[u32 length][pickle bytes]`` repeated
-(``spark_plugin.channel_state`` and ``spark_plugin.framing``). Channel state comes from subtasks, so the coordinator
-treats it as untrusted: records are unpickled by :class:`SafeUnpickler`, which resolves only a tiny allow-list of
-harmless classes; anything else is shown as hex and marked unsupported. Bytes read, records decoded, the size of a
-record decoded and the length of each rendering are all bounded.
+A segment is framed buffers and a buffer is framed pickled records (``contract.channel_state``). Channel state comes
+from subtasks, so the coordinator treats it as untrusted: records are unpickled by :class:`SafeUnpickler`, which
+resolves only a tiny allow-list of harmless classes; anything else is shown as hex and marked unsupported. Bytes
+read, records decoded, the size of a record decoded and the length of each rendering are all bounded.
 """
 
 from __future__ import annotations
@@ -14,21 +13,20 @@ import datetime
 import decimal
 import io
 import pickle
-import struct
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import TASK, CheckpointId, CtxDep, JobId
-from app.blobstore import blob_key
 from app.domain import blobs, views
 from app.domain.context import get_job_or_404
 from app.errors import NotFound
+from contract.channel_state import FRAME, spans
+from contract.models import MAX_PARALLELISM, NAME_PATTERN
 
 router = APIRouter(prefix="/api/v1/jobs/{job_id}", tags=["ui"])
 
-_LEN = struct.Struct("<I")
 MAX_RECORD_BYTES = 64 * 1024
 TEXT_LIMIT = 2000
 HEX_LIMIT = 64
@@ -213,37 +211,30 @@ def decode_segment(data: bytes, complete: bool, max_records: int) -> tuple[list[
 
     Returns the previews and whether records were left out (by the record limit or the byte limit)."""
     records: list[RecordPreview] = []
-    view = memoryview(data)
-    pos, buffer = 0, 0
-    while pos + _LEN.size <= len(view):
-        (n,) = _LEN.unpack_from(view, pos)
-        start = pos + _LEN.size
-        end = min(start + n, len(view))
-        rpos = start
-        while rpos + _LEN.size <= end:
-            (m,) = _LEN.unpack_from(view, rpos)
-            rstart = rpos + _LEN.size
-            if rstart + m > end:
-                break
+    buffers, whole_end = spans(data)
+    cut = whole_end != len(data)
+    partial = None
+    if len(data) - whole_end >= FRAME.size:  # the last buffer was cut off: its whole records are still shown
+        partial = len(buffers)
+        buffers.append((whole_end + FRAME.size, len(data)))
+    for buffer, (start, end) in enumerate(buffers):
+        found, stop = spans(data, start, end)
+        for rstart, rend in found:
             if len(records) >= max_records:
                 return records, True
-            records.append(preview_record(bytes(view[rstart : rstart + m]), len(records), buffer))
-            rpos = rstart + m
-        if start + n > len(view):
-            return records, True
-        if rpos != end:
+            records.append(preview_record(data[rstart:rend], len(records), buffer))
+        if stop != end and buffer != partial:
             records.append(
                 RecordPreview(
                     index=len(records),
                     buffer=buffer,
-                    size=end - rpos,
+                    size=end - stop,
                     status="error",
                     text="the buffer's framing is broken here; the rest of the buffer is not shown",
-                    hex=bytes(view[rpos : rpos + HEX_LIMIT]).hex(),
+                    hex=data[stop : stop + HEX_LIMIT].hex(),
                 )
             )
-        pos, buffer = start + n, buffer + 1
-    return records, not complete or pos != len(view)
+    return records, not complete or cut
 
 
 # --------------------------------------------------------------------------- routes
@@ -264,8 +255,8 @@ async def preview_channel_segment(
     job_id: JobId,
     checkpoint_id: CheckpointId,
     ctx: CtxDep,
-    vertex: Annotated[str, Query(min_length=1, max_length=128)],
-    subtask_index: Annotated[int, Query(ge=0)],
+    vertex: Annotated[str, Query(pattern=NAME_PATTERN)],
+    subtask_index: Annotated[int, Query(ge=0, lt=MAX_PARALLELISM)],
     channel: Annotated[str, Query(min_length=1, max_length=512)],
     direction: Literal["input", "output"],
     max_records: Annotated[int, Query(ge=1, le=500)] = 50,
@@ -285,13 +276,12 @@ async def preview_channel_segment(
     if segment is None:
         names = ", ".join(f"{g.direction} {g.channel}" for g in entry.segments) or "none"
         raise NotFound(f"{vertex}[{subtask_index}] has no {direction} segment {channel!r} (it has: {names})")
-    await blobs.open_blob(ctx, job_id, entry.blob_id)
+    row = await blobs.open_blob(ctx, job_id, entry.blob_id)
+    key, base = blobs.object_of(row)
     length = min(segment.length, max_bytes)
     data = b""
     if length:
-        chunks = ctx.store.read_range(
-            blob_key(job_id, entry.blob_id), segment.offset, segment.offset + length - 1
-        )
+        chunks = ctx.store.read_range(key, base + segment.offset, base + segment.offset + length - 1)
         data = b"".join([c async for c in chunks])
     records, truncated = await asyncio.to_thread(decode_segment, data, length == segment.length, max_records)
     return SegmentPreview(

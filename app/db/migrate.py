@@ -1,4 +1,4 @@
-"""Schema migrations from code: `upgrade(settings)` runs Alembic to head (also what `overtake db upgrade` does)."""
+"""Schema migrations from code: `upgrade(database_url)` runs Alembic to head (also what `overtake db upgrade` does)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from alembic import command
 from alembic.config import Config
 
 import migrations
-from app.settings import Settings
 
 
 def alembic_config(database_url: str) -> Config:
@@ -18,10 +17,9 @@ def alembic_config(database_url: str) -> Config:
     return cfg
 
 
-def upgrade(settings: Settings | None = None, revision: str = "head") -> None:
-    settings = settings or Settings()
-    command.upgrade(alembic_config(settings.effective_database_url), revision)
+def upgrade(database_url: str, revision: str = "head") -> None:
+    command.upgrade(alembic_config(database_url), revision)
 
 
-def downgrade(settings: Settings, revision: str) -> None:
-    command.downgrade(alembic_config(settings.effective_database_url), revision)
+def downgrade(database_url: str, revision: str) -> None:
+    command.downgrade(alembic_config(database_url), revision)

@@ -26,6 +26,11 @@ NAMING = {
 }
 
 
+# Job ids are 64-bit (the API promises ids up to 2**63 - 1). On SQLite an INTEGER column already holds 64 bits, and
+# only an INTEGER PRIMARY KEY is the table's row id (what autoincrement needs), so it stays INTEGER there.
+JobId = BigInteger().with_variant(Integer(), "sqlite")
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
 
@@ -33,7 +38,7 @@ class Base(DeclarativeBase):
 class JobRow(Base):
     __tablename__ = "jobs"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(JobId, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(128), index=True)
     kind: Mapped[str] = mapped_column(String(32), default="pipeline")
     status: Mapped[str] = mapped_column(String(16), index=True)
@@ -53,6 +58,26 @@ class JobRow(Base):
     latest_completed_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     created_at: Mapped[int] = mapped_column(BigInteger)
     updated_at: Mapped[int] = mapped_column(BigInteger)
+    # The last failure of the scheduler on this job (cleared by its next successful trigger).
+    scheduler_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Periodic checkpoints of the current attempt start no earlier than this (ms): set when the attempt waits for
+    # its subtasks to report running (to the fallback deadline), moved to the moment the last one reported.
+    periodic_from: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # When every subtask of the current attempt had reported running.
+    running_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class RunningSubtaskRow(Base):
+    """A subtask of an attempt reported that it runs (once per subtask and attempt)."""
+
+    __tablename__ = "running_subtasks"
+    __table_args__ = (ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),)
+
+    job_id: Mapped[int] = mapped_column(JobId, primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    vertex: Mapped[str] = mapped_column(String(128), primary_key=True)
+    subtask_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    reported_at: Mapped[int] = mapped_column(BigInteger)
 
 
 class AttemptRow(Base):
@@ -62,10 +87,11 @@ class AttemptRow(Base):
         UniqueConstraint("token_hash"),
     )
 
-    job_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(JobId, primary_key=True)
     number: Mapped[int] = mapped_column(Integer, primary_key=True)
     token_hash: Mapped[str] = mapped_column(String(64))
     restored_checkpoint_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     started_at: Mapped[int] = mapped_column(BigInteger)
     ended_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
@@ -78,7 +104,7 @@ class CheckpointRow(Base):
         Index("ix_checkpoints_status_timeout_at", "status", "timeout_at"),
     )
 
-    job_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(JobId, primary_key=True)
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     attempt: Mapped[int] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(16))
@@ -103,6 +129,10 @@ class CheckpointRow(Base):
     discarded: Mapped[bool] = mapped_column(Boolean, default=False)
     # Engine-specific figures of a checkpoint reported from outside (Structured Streaming micro-batches).
     details: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # What is left to clean under the checkpoint's prefix in the blob store, and from when: "prefix" (everything:
+    # aborted or discarded) or "unreferenced" (objects no ack names: completed). See app/domain/cleanup.py.
+    cleanup: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    cleanup_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True, index=True)
 
 
 class AckRow(Base):
@@ -113,7 +143,7 @@ class AckRow(Base):
         ),
     )
 
-    job_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(JobId, primary_key=True)
     checkpoint_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     vertex: Mapped[str] = mapped_column(String(128), primary_key=True)
     subtask_index: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -144,7 +174,7 @@ class BlobRow(Base):
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    job_id: Mapped[int] = mapped_column(Integer)
+    job_id: Mapped[int] = mapped_column(JobId)
     checkpoint_id: Mapped[int] = mapped_column(BigInteger)
     vertex: Mapped[str] = mapped_column(String(128))
     subtask_index: Mapped[int] = mapped_column(Integer)
@@ -155,13 +185,20 @@ class BlobRow(Base):
     # stored: referenced or referable; deleting: no longer referenced, its bytes are being removed.
     status: Mapped[str] = mapped_column(String(16), default="stored")
     created_at: Mapped[int] = mapped_column(BigInteger)
+    # The object holding the blob and where the blob starts in it: one object a subtask wrote holds its operator
+    # state and, after it, its channel state. NULL: a blob stored before the per-checkpoint layout, the whole
+    # object `job-<id>/<blob id>`.
+    key: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    offset: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # Why a restoring subtask found the blob corrupt (its report); a restore plan passes its checkpoint over.
+    corrupt: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class EventRow(Base):
     __tablename__ = "events"
     __table_args__ = (ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),)
 
-    job_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(JobId, primary_key=True)
     seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     type: Mapped[str] = mapped_column(String(64))
     ts: Mapped[int] = mapped_column(BigInteger)

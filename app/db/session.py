@@ -8,17 +8,44 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from sqlalchemy import event, text
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
-from app.errors import Conflict, Unavailable
+from app.errors import Conflict, Invalid, Unavailable
+from app.registry import SchemeRegistry
 
 log = logging.getLogger(__name__)
 
+# SQLSTATEs a retry of the same transaction may succeed after: deadlock, serialization failure, lock timeout,
+# and the connection classes (08: connection exception; 57P01-03: the server shut down or restarts).
+TRANSIENT_SQLSTATES = {"40P01", "40001", "55P03", "57P01", "57P02", "57P03"}
 
-def make_engine(url: str, pool_size: int = 10) -> AsyncEngine:
-    """An engine for the URL's dialect: SQLite in WAL mode with IMMEDIATE write transactions, or PostgreSQL."""
-    if url.startswith("sqlite"):
+
+class TransientDatabaseError(Exception):
+    """A transaction failed for a reason that a retry of the whole request may not meet again (a deadlock, a
+    serialization failure, a lost connection, a locked SQLite file). Not a DomainError on purpose: it passes the
+    route's error handlers up to the retry guard (`app/api/guards.py`), which runs the request again a bounded
+    number of times and otherwise answers 503 with Retry-After."""
+
+    def unavailable(self) -> Unavailable:
+        return Unavailable(f"the database is busy or unavailable ({self}); retry")
+
+
+def is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, (PoolTimeout, ConnectionError, TimeoutError)):
+        return True
+    if isinstance(exc, DBAPIError):
+        if exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError)):
+            return True
+        code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+        return code is not None and (code in TRANSIENT_SQLSTATES or code.startswith("08"))
+    return False
+
+
+def _sqlite_engine(url: str, pool_size: int = 10) -> AsyncEngine:
+    """SQLite in WAL mode with IMMEDIATE write transactions (one writer at a time, no mid-transaction upgrades)."""
+    if True:
         path = url.split(":///", 1)[1] if ":///" in url else ""
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -45,7 +72,22 @@ def make_engine(url: str, pool_size: int = 10) -> AsyncEngine:
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
+
+
+def _postgres_engine(url: str, pool_size: int = 10) -> AsyncEngine:
     return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size)
+
+
+DATABASES: SchemeRegistry[AsyncEngine] = SchemeRegistry(
+    "database", "OVERTAKE_DATABASE_URL", "sqlite+aiosqlite:///file.db or postgresql+asyncpg://user@host:port/db"
+)
+DATABASES.register("sqlite+aiosqlite", _sqlite_engine)
+DATABASES.register("postgresql+asyncpg", _postgres_engine)
+
+
+def make_engine(url: str, pool_size: int = 10) -> AsyncEngine:
+    """An engine for the URL's dialect, from the table of known database schemes."""
+    return DATABASES.create(url, pool_size=pool_size)
 
 
 class Database:
@@ -64,7 +106,8 @@ class Database:
     async def session(self, readonly: bool = False) -> AsyncIterator[AsyncSession]:
         """One transaction: committed when the block ends, rolled back on any error.
 
-        Integrity errors become 409s; a lost connection becomes a 503 the client may retry.
+        Integrity errors become 409s, values the database cannot hold 422s, and transient failures (deadlock,
+        serialization failure, lost connection) a TransientDatabaseError that the request is retried after.
         """
         maker = self._reader if readonly else self._writer
         async with maker() as session:
@@ -74,12 +117,13 @@ class Database:
             except IntegrityError as exc:
                 log.info("integrity error: %s", exc.orig)
                 raise Conflict(f"the request conflicts with stored data: {exc.orig}") from exc
-            except OperationalError as exc:
-                log.warning("database unavailable: %s", exc.orig)
-                raise Unavailable(f"the database is unavailable, retry: {exc.orig}") from exc
-            except DBAPIError as exc:
-                if exc.connection_invalidated:
-                    raise Unavailable(f"the database connection was lost, retry: {exc.orig}") from exc
+            except DataError as exc:
+                log.info("data error: %s", exc.orig)
+                raise Invalid(f"a value does not fit the database: {exc.orig}") from exc
+            except Exception as exc:
+                if is_transient(exc):
+                    log.warning("transient database error: %s", getattr(exc, "orig", exc))
+                    raise TransientDatabaseError(f"{type(exc).__name__}: {getattr(exc, 'orig', exc)}") from exc
                 raise
 
     async def ping(self) -> None:

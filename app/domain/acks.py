@@ -11,28 +11,76 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import random
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from sqlalchemy import case, select, tuple_, update
+from sqlalchemy import BigInteger, Boolean, Integer, bindparam, case, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import AckRow, BlobRow, CheckpointRow, JobRow
+from app.db.session import TransientDatabaseError
+from app.domain import lifecycle, written
 from app.domain.checkpoints import check_parallelism, complete_checkpoint, get_checkpoint_or_404
 from app.domain.context import BackgroundWorker, Context, after_commit, now_ms
-from app.domain.lifecycle import ABORTED, COMPLETED, PENDING
-from app.errors import Conflict, DomainError, Invalid, NotFound
+from app.domain.jobs import token_refusal
+from app.domain.lifecycle import COMPLETED, PENDING, Prior, SubtaskRequest, Verdict, belongs_to_attempt
+from app.errors import Conflict, DomainError, Invalid, NotFound, Unauthorized
 from app.observability import ACK_BATCH, ACKS
-from client.models import AckResult, CheckpointStatus, SubtaskAck
+from contract.models import AckResult, CheckpointStatus, SubtaskAck
 
 log = logging.getLogger(__name__)
+LINGER = 0.003  # seconds an ack batch waits at most for acks that are arriving
 
 
 def ack_hash(ack: SubtaskAck) -> str:
     """The ack's identity for idempotency: its canonical JSON (fields in model order), hashed."""
     return hashlib.sha256(ack.model_dump_json().encode()).hexdigest()
+
+
+# The hot path's statements, built once (building SQL expressions costs more than running them) and run on the
+# session's connection as Core statements with bound parameters.
+_JOBS, _CHECKPOINTS, _ACKS, _BLOBS = JobRow.__table__, CheckpointRow.__table__, AckRow.__table__, BlobRow.__table__
+_JOB, _CP = bindparam("b_job"), bindparam("b_cp")
+_LOCK_JOB = select(_JOBS.c.current_attempt, _JOBS.c.status).where(_JOBS.c.id == _JOB).with_for_update()
+_THIS_CP = (_CHECKPOINTS.c.job_id == _JOB) & (_CHECKPOINTS.c.id == _CP)
+_CHECKPOINT_FACTS = select(
+    _CHECKPOINTS.c.status, _CHECKPOINTS.c.attempt, _CHECKPOINTS.c.failure_reason, _CHECKPOINTS.c.num_subtasks
+).where(_THIS_CP)
+_LOCK_JOB_WITH_CP = (
+    select(
+        _JOBS.c.current_attempt,
+        _JOBS.c.status,
+        _CHECKPOINTS.c.status,
+        _CHECKPOINTS.c.attempt,
+        _CHECKPOINTS.c.failure_reason,
+        _CHECKPOINTS.c.num_subtasks,
+    )
+    .select_from(_JOBS.outerjoin(_CHECKPOINTS, (_CHECKPOINTS.c.job_id == _JOBS.c.id) & (_CHECKPOINTS.c.id == _CP)))
+    .where(_JOBS.c.id == _JOB)
+    .with_for_update(of=_JOBS)
+)
+_NUM_ACKED = select(_CHECKPOINTS.c.num_acked).where(_THIS_CP)
+_LONGEST = bindparam("b_longest", type_=BigInteger)
+_ADD_ACKS = (
+    update(_CHECKPOINTS)
+    .where(_THIS_CP)
+    .values(
+        num_acked=_CHECKPOINTS.c.num_acked + bindparam("b_acked", type_=Integer),
+        state_size=_CHECKPOINTS.c.state_size + bindparam("b_state", type_=BigInteger),
+        persisted_data=_CHECKPOINTS.c.persisted_data + bindparam("b_persisted", type_=BigInteger),
+        processed_data=_CHECKPOINTS.c.processed_data + bindparam("b_processed", type_=BigInteger),
+        # NULL > x is unknown, so a first ack takes the batch's maximum.
+        alignment_duration=case(
+            (_CHECKPOINTS.c.alignment_duration > _LONGEST, _CHECKPOINTS.c.alignment_duration), else_=_LONGEST
+        ),
+        any_unaligned=_CHECKPOINTS.c.any_unaligned | bindparam("b_unaligned", type_=Boolean),
+        latest_ack_ts=bindparam("b_now", type_=BigInteger),
+    )
+    .returning(_CHECKPOINTS.c.num_acked)
+)
 
 
 @dataclass
@@ -41,7 +89,9 @@ class _Item:
     checkpoint_id: int
     ack: SubtaskAck
     digest: str
+    token_attempt: int | None  # the attempt of the task token it came with (None: admin, or no auth)
     future: asyncio.Future = field(repr=False)
+    missing: DomainError | None = None  # its written object is not in the store as it says (`written.check`)
     result: AckResult | DomainError | None = None
 
 
@@ -53,13 +103,26 @@ class AckCommitter(BackgroundWorker):
         self.max_batch = ctx.settings.ack_batch_max
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._graphs: dict[tuple[int, int | None], dict[str, int]] = {}
-        self._insert = pg_insert if ctx.db.is_sqlite is False else sqlite_insert
+        insert = sqlite_insert if ctx.db.is_sqlite else pg_insert
+        self._insert_acks = insert(_ACKS).on_conflict_do_nothing().returning(_ACKS.c.vertex, _ACKS.c.subtask_index)
+        self._insert_blobs = insert(_BLOBS).on_conflict_do_nothing().returning(_BLOBS.c.id)
 
     async def submit(
-        self, job_id: int, checkpoint_id: int, acks: list[SubtaskAck]
+        self,
+        job_id: int,
+        checkpoint_id: int,
+        acks: list[SubtaskAck],
+        token_attempt: int | None = None,
+        missing: list[DomainError | None] | None = None,
     ) -> list[AckResult | DomainError]:
+        """Record acks; each answer comes after its commit. `token_attempt`: the attempt whose task token sent
+        them, checked under the job row lock (a token works only while its attempt is current). `missing`: per
+        ack, why the object it wrote is not in the store as it says (`written.check`, done before submitting)."""
         loop = asyncio.get_running_loop()
-        items = [_Item(job_id, checkpoint_id, a, ack_hash(a), loop.create_future()) for a in acks]
+        items = [_Item(job_id, checkpoint_id, a, ack_hash(a), token_attempt, loop.create_future()) for a in acks]
+        if missing is not None:
+            for it, problem in zip(items, missing, strict=True):
+                it.missing = problem
         for it in items:
             self._queue.put_nowait(it)
         if len(items) == 1:
@@ -69,7 +132,7 @@ class AckCommitter(BackgroundWorker):
     async def _run(self) -> None:
         while True:
             batch = [await self._queue.get()]
-            await asyncio.sleep(0)  # let acks that are already being handled join this batch
+            await self._gather()
             while len(batch) < self.max_batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             try:
@@ -80,15 +143,29 @@ class AckCommitter(BackgroundWorker):
                     if not it.future.done():
                         it.future.set_exception(RuntimeError("the ack could not be recorded; retry"))
 
+    async def _gather(self) -> None:
+        """Let acks already on their way join the batch: yield to the event loop while more keep arriving (the
+        requests being read and parsed right now), at most `LINGER` seconds. A lone ack waits for nothing."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LINGER
+        size, idle = self._queue.qsize(), 0
+        while idle < 6 and loop.time() < deadline:
+            await asyncio.sleep(0)
+            if self._queue.qsize() > size:
+                size, idle = self._queue.qsize(), 0
+            else:
+                idle += 1
+
     async def _commit(self, batch: list[_Item]) -> None:
         try:
-            async with self.ctx.tx() as s:
-                await self._apply(s, batch)
+            await self._apply_retrying(batch)
         except Exception as exc:
             if len(batch) == 1:
                 it = batch[0]
                 if not it.future.done():
-                    if isinstance(exc, DomainError):
+                    if isinstance(exc, TransientDatabaseError):
+                        it.future.set_result(exc.unavailable())
+                    elif isinstance(exc, DomainError):
                         it.future.set_result(exc)
                     else:
                         it.future.set_exception(exc)
@@ -104,26 +181,63 @@ class AckCommitter(BackgroundWorker):
             if not it.future.done():
                 it.future.set_result(it.result)
 
+    async def _apply_retrying(self, batch: list[_Item]) -> None:
+        """One transaction for the batch; run again (a bounded number of times) after a transient failure."""
+        retries = self.ctx.settings.db_retries
+        for attempt in range(retries + 1):
+            for it in batch:
+                it.result = None
+            try:
+                # subsumed and collected checkpoints' prefixes are cleaned in the background: the answers wait for
+                # the commit only
+                async with self.ctx.tx(defer_cleanup=True) as s:
+                    await self._apply(s, batch)
+                return
+            except TransientDatabaseError as exc:
+                if attempt == retries:
+                    raise
+                log.info("ack batch of %d failed transiently (%s); running it again", len(batch), exc)
+                await asyncio.sleep(random.uniform(0.005, 0.02) * 2**attempt)
+
     async def _apply(self, s: AsyncSession, batch: list[_Item]) -> None:
         by_job: dict[int, list[_Item]] = defaultdict(list)
         for it in batch:
             by_job[it.job_id].append(it)
-        for job_id, items in by_job.items():
+        # Job rows are locked in one global order (by id), so two replicas' batches never wait for each other in
+        # a cycle; then, per job, its checkpoints.
+        for job_id, items in sorted(by_job.items()):
             # The job row lock (one lock order everywhere: job, then its checkpoints). Only the attempt is read:
             # the graph comes from a cache (graphs never change) and the full row is loaded only to complete.
-            locked = (
-                await s.execute(select(JobRow.current_attempt).where(JobRow.id == job_id).with_for_update())
-            ).one_or_none()
+            conn = await s.connection()
+            cp_ids = {it.checkpoint_id for it in items}
+            facts: tuple | None = None
+            if len(cp_ids) == 1:  # the usual case: the lock and the checkpoint's state in one round trip
+                (cp_id,) = cp_ids
+                row = (await conn.execute(_LOCK_JOB_WITH_CP, {"b_job": job_id, "b_cp": cp_id})).one_or_none()
+                locked = row[:2] if row is not None else None
+                facts = tuple(row[2:]) if row is not None and row[2] is not None else None
+            else:
+                locked = (await conn.execute(_LOCK_JOB, {"b_job": job_id})).one_or_none()
             if locked is None:
                 for it in items:
                     it.result = NotFound(f"job {job_id} does not exist")
                 continue
+            admitted = []
+            for it in items:
+                refusal = None
+                if it.token_attempt is not None:
+                    refusal = token_refusal(job_id, it.token_attempt, locked[0], locked[1])
+                if refusal is None:
+                    admitted.append(it)
+                else:
+                    it.result = Unauthorized(refusal)
+            items = admitted
             graph = await self._graph(s, job_id, locked[0])
             by_cp: dict[int, list[_Item]] = defaultdict(list)
             for it in items:
                 by_cp[it.checkpoint_id].append(it)
             for cp_id, cp_items in by_cp.items():
-                await self._apply_checkpoint(s, job_id, graph, cp_id, cp_items)
+                await self._apply_checkpoint(s, job_id, graph, cp_id, cp_items, facts)
 
     async def _graph(self, s: AsyncSession, job_id: int, attempt: int | None) -> dict[str, int]:
         """vertex -> parallelism. A job's graph changes only when an attempt rescales it, so it is cached per attempt."""
@@ -137,18 +251,18 @@ class AckCommitter(BackgroundWorker):
         return graph
 
     async def _apply_checkpoint(
-        self, s: AsyncSession, job_id: int, graph: dict[str, int], cp_id: int, items: list[_Item]
+        self,
+        s: AsyncSession,
+        job_id: int,
+        graph: dict[str, int],
+        cp_id: int,
+        items: list[_Item],
+        facts_read: tuple | None = None,
     ) -> None:
-        cp = (
-            await s.execute(
-                select(
-                    CheckpointRow.status,
-                    CheckpointRow.attempt,
-                    CheckpointRow.failure_reason,
-                    CheckpointRow.num_subtasks,
-                ).where(CheckpointRow.job_id == job_id, CheckpointRow.id == cp_id)
-            )
-        ).one_or_none()
+        conn = await s.connection()
+        cp = facts_read
+        if cp is None:
+            cp = (await conn.execute(_CHECKPOINT_FACTS, {"b_job": job_id, "b_cp": cp_id})).one_or_none()
         if cp is None:
             try:
                 await get_checkpoint_or_404(s, job_id, cp_id)
@@ -157,6 +271,7 @@ class AckCommitter(BackgroundWorker):
                     it.result = exc
             return
         status, attempt, failure_reason, num_subtasks = cp
+        facts = _Facts(job_id, cp_id, attempt, status, failure_reason)
         blob_ids = {
             ref.blob_id
             for it in items
@@ -164,7 +279,7 @@ class AckCommitter(BackgroundWorker):
             if ref is not None
         }
         blobs: dict[str, BlobRow] = {}
-        if blob_ids:
+        if blob_ids and status == PENDING:  # blobs of a finished checkpoint may be released; only new acks need them
             blobs = {
                 b.id: b for b in (await s.execute(select(BlobRow).where(BlobRow.id.in_(blob_ids)))).scalars()
             }
@@ -179,25 +294,24 @@ class AckCommitter(BackgroundWorker):
                 if key in candidates:
                     repeats.append(it)
                     continue
-                if a.attempt != attempt:
-                    raise Conflict(
-                        f"checkpoint {cp_id} belongs to attempt {attempt}; this ack is from attempt {a.attempt}"
-                    )
-                if status == PENDING:  # blobs of a finished checkpoint may be released; only new acks need them
+                # Before the insert the prior is not known: a pending checkpoint applies it (the insert finds out).
+                if status == PENDING:
+                    lifecycle.accept(facts, _request(a))
+                    if it.missing is not None:
+                        raise it.missing
                     self._check_blobs(job_id, cp_id, a, blobs)
+                else:
+                    belongs_to_attempt(a.attempt, attempt, f"checkpoint {cp_id}", "this ack")
             except DomainError as exc:
                 it.result = exc
                 continue
             candidates[key] = (it, _row(job_id, cp_id, a, it.digest, now))
         inserted: set[tuple[str, int]] = set()
         if candidates and status == PENDING:
-            stmt = (
-                self._insert(AckRow).on_conflict_do_nothing().returning(AckRow.vertex, AckRow.subtask_index)
-            )
-            result = await s.execute(stmt, [row for _, row in candidates.values()])
+            result = await conn.execute(self._insert_acks, [row for _, row in candidates.values()])
             inserted = {(r[0], r[1]) for r in result}
-        # Whatever was not inserted was acked before (or the checkpoint is over): the same ack again is a
-        # duplicate and succeeds, also after an abort (it reports the status); a different one is a conflict.
+            await self._record_written(conn, job_id, cp_id, [candidates[k] for k in inserted], now)
+        # Whatever was not inserted was acked before (or the checkpoint is over): the lifecycle decides.
         others = [k for k in candidates if k not in inserted] + [
             (it.ack.vertex, it.ack.subtask_index) for it in repeats if it.result is None
         ]
@@ -218,58 +332,38 @@ class AckCommitter(BackgroundWorker):
             key = (it.ack.vertex, it.ack.subtask_index)
             if it.result is not None or (key in inserted and it is candidates[key][0]):
                 continue
-            prior = existing.get(key) or (candidates[key][1]["content_hash"] if key in inserted else None)
-            if prior is None and status == ABORTED:
-                it.result = Conflict(f"checkpoint {cp_id} was aborted ({failure_reason}); discard its state")
-            elif prior is None:
-                it.result = Conflict(
-                    f"checkpoint {cp_id} is already {status} without an ack of {key[0]}[{key[1]}]"
-                )
-            elif prior != it.digest:
-                it.result = Conflict(
-                    f"subtask {key[0]}[{key[1]}] already acknowledged checkpoint {cp_id} "
-                    "with different content; an ack cannot be changed"
-                )
-            else:
-                duplicates.add(id(it))
+            recorded = existing.get(key) or (candidates[key][1]["content_hash"] if key in inserted else None)
+            prior = None if recorded is None else ("same" if recorded == it.digest else "different")
+            try:
+                if lifecycle.accept(facts, _request(it.ack, prior)) == Verdict.unchanged:
+                    duplicates.add(id(it))
+                else:  # pragma: no cover - a pending checkpoint without the ack would have taken the insert
+                    it.result = Conflict(f"checkpoint {cp_id} could not record the ack of {key[0]}[{key[1]}]; retry")
+            except DomainError as exc:
+                it.result = exc
         num_acked = None
         if inserted:
             rows = [candidates[k][1] for k in inserted]
             longest = max(r["alignment_duration"] for r in rows)
-            num_acked = (
-                await s.execute(
-                    update(CheckpointRow)
-                    .where(CheckpointRow.job_id == job_id, CheckpointRow.id == cp_id)
-                    .values(
-                        num_acked=CheckpointRow.num_acked + len(rows),
-                        state_size=CheckpointRow.state_size + sum(r["state_size"] for r in rows),
-                        persisted_data=CheckpointRow.persisted_data + sum(r["persisted_data"] for r in rows),
-                        processed_data=CheckpointRow.processed_data + sum(r["processed_data"] for r in rows),
-                        # NULL > x is unknown, so a first ack takes the batch's maximum.
-                        alignment_duration=case(
-                            (CheckpointRow.alignment_duration > longest, CheckpointRow.alignment_duration),
-                            else_=longest,
-                        ),
-                        any_unaligned=CheckpointRow.any_unaligned | any(r["unaligned"] for r in rows),
-                        latest_ack_ts=now,
-                    )
-                    .returning(CheckpointRow.num_acked)
-                    .execution_options(synchronize_session=False)
-                )
-            ).scalar_one()
+            params = {
+                "b_job": job_id,
+                "b_cp": cp_id,
+                "b_acked": len(rows),
+                "b_state": sum(r["state_size"] for r in rows),
+                "b_persisted": sum(r["persisted_data"] for r in rows),
+                "b_processed": sum(r["processed_data"] for r in rows),
+                "b_longest": longest,
+                "b_unaligned": any(r["unaligned"] for r in rows),
+                "b_now": now,
+            }
+            num_acked = (await conn.execute(_ADD_ACKS, params)).scalar_one()
             if num_acked == num_subtasks:
                 job = await s.get(JobRow, job_id)
                 cp_row = await s.get(CheckpointRow, (job_id, cp_id), populate_existing=True)
                 await complete_checkpoint(s, job, cp_row, now)
                 status = COMPLETED
         if num_acked is None:
-            num_acked = (
-                await s.execute(
-                    select(CheckpointRow.num_acked).where(
-                        CheckpointRow.job_id == job_id, CheckpointRow.id == cp_id
-                    )
-                )
-            ).scalar_one()
+            num_acked = (await conn.execute(_NUM_ACKED, {"b_job": job_id, "b_cp": cp_id})).scalar_one()
         recorded, dup = len(inserted), len(duplicates)
         refused = sum(1 for it in items if isinstance(it.result, DomainError))
         after_commit(
@@ -291,6 +385,27 @@ class AckCommitter(BackgroundWorker):
                     num_acknowledged_subtasks=num_acked,
                     num_subtasks=num_subtasks,
                     duplicate=id(it) in duplicates,
+                )
+
+    async def _record_written(self, conn, job_id: int, cp_id: int, recorded: list[tuple[_Item, dict]], now: int) -> None:
+        """The blob rows of the objects the recorded acks wrote, in the acks' transaction."""
+        rows = [
+            b
+            for it, row in recorded
+            if it.ack.written is not None
+            for b in written.blob_rows(job_id, cp_id, it.ack, row["operator_blob_id"], row["channel_blob_id"], now)
+        ]
+        if not rows:
+            return
+        stored = {r[0] for r in await conn.execute(self._insert_blobs, rows)}
+        for it, row in recorded:
+            ids = {row["operator_blob_id"], row["channel_blob_id"]} - {None}
+            if it.ack.written is not None and not ids <= stored:
+                a = it.ack
+                raise Conflict(
+                    f"subtask {a.vertex}[{a.subtask_index}] uploaded state for checkpoint {cp_id} through the "
+                    "coordinator before; an ack names its state either as uploaded blobs or as a written object, "
+                    "so ack the uploaded blobs"
                 )
 
     @staticmethod
@@ -320,8 +435,30 @@ class AckCommitter(BackgroundWorker):
                 )
 
 
+@dataclass(frozen=True)
+class _Facts:
+    """The columns of a checkpoint the lifecycle's rules read (the ack path selects only these)."""
+
+    job_id: int
+    id: int
+    attempt: int
+    status: str
+    failure_reason: str | None
+
+
+def _request(a: SubtaskAck, prior: Prior = None) -> SubtaskRequest:
+    return SubtaskRequest("ack", a.attempt, f"{a.vertex}[{a.subtask_index}]", prior)
+
+
 def _row(job_id: int, cp_id: int, a: SubtaskAck, digest: str, now: int) -> dict:
     m = a.metrics
+    if a.written is not None:
+        operator_blob_id, channel_blob_id = written.blob_ids(a.written)
+        state_size = a.written.size
+    else:
+        operator_blob_id = a.operator_state.blob_id if a.operator_state else None
+        channel_blob_id = a.channel_state.blob_id if a.channel_state else None
+        state_size = (a.operator_state.size if a.operator_state else 0) + (a.channel_state.size if a.channel_state else 0)
     return {
         "job_id": job_id,
         "checkpoint_id": cp_id,
@@ -336,11 +473,10 @@ def _row(job_id: int, cp_id: int, a: SubtaskAck, digest: str, now: int) -> dict:
         "start_delay": m.start_delay,
         "processed_data": m.processed_data,
         "persisted_data": m.persisted_data,
-        "state_size": (a.operator_state.size if a.operator_state else 0)
-        + (a.channel_state.size if a.channel_state else 0),
+        "state_size": state_size,
         "unaligned": m.unaligned,
-        "operator_blob_id": a.operator_state.blob_id if a.operator_state else None,
-        "channel_blob_id": a.channel_state.blob_id if a.channel_state else None,
+        "operator_blob_id": operator_blob_id,
+        "channel_blob_id": channel_blob_id,
         "segments": [seg.model_dump(mode="json") for seg in a.channel_segments],
         "source_offsets": a.source_offsets,
         "key_group_start": a.key_group_start,

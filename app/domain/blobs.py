@@ -1,4 +1,5 @@
-"""Uploads and downloads of state blobs: verified before they are stored, idempotent per subtask slot."""
+"""Uploads and downloads of state blobs: verified before they are stored, idempotent per subtask slot; where each
+blob lies (its object and offset); reports of corrupt blobs."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ from typing import Literal
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from app.blobstore import Staged, blob_key, new_blob_id
+from app.blobstore import Staged, blob_key, new_blob_id, upload_key
 from app.db.models import BlobRow, CheckpointRow
+from app.domain import lifecycle
 from app.domain.checkpoints import check_subtask, get_checkpoint_or_404
 from app.domain.context import Context, after_commit, get_job_or_404, now_ms
-from app.domain.lifecycle import ABORTED, COMPLETED
+from app.domain.lifecycle import SubtaskRequest, belongs_to_attempt, check_current_attempt
 from app.errors import Conflict, Invalid, NotFound, RangeNotSatisfiable
 from app.observability import BLOB_BYTES
-from client.models import BlobInfo
+from contract.models import BlobInfo, CorruptBlob
 
 Kind = Literal["operator", "channel"]
 
@@ -32,7 +34,15 @@ def blob_info(b: BlobRow) -> BlobInfo:
         sha256=b.sha256,
         size=b.size,
         created_at=b.created_at,
+        corrupt=b.corrupt,
     )
+
+
+def object_of(b: BlobRow) -> tuple[str, int]:
+    """The key of the object holding the blob, and where the blob starts in it."""
+    if b.key is None:  # stored before the per-checkpoint layout: the whole object
+        return blob_key(b.job_id, b.id), 0
+    return b.key, b.offset
 
 
 async def _existing(ctx: Context, job_id: int, cp_id: int, vertex: str, index: int) -> dict[str, BlobRow]:
@@ -53,24 +63,30 @@ async def _slot(s, job_id: int, cp_id: int, vertex: str, index: int) -> dict[str
     return {b.kind: b for b in rows.scalars()}
 
 
-def _same_or_conflict(b: BlobRow, staged: Staged, vertex: str, index: int, cp_id: int) -> BlobInfo:
-    if b.sha256 == staged.sha256 and b.size == staged.size and b.status == "stored":
-        return blob_info(b)
-    raise Conflict(
-        f"a different {b.kind} blob (sha256 {b.sha256}, {b.size} bytes) was already uploaded for subtask "
-        f"{vertex}[{index}] of checkpoint {cp_id}; a blob cannot be replaced"
-    )
-
-
-def _check_open(cp: CheckpointRow, attempt: int) -> None:
-    if cp.attempt != attempt:
+def _same_or_conflict(
+    cp: CheckpointRow, b: BlobRow, staged: Staged, attempt: int, vertex: str, index: int
+) -> BlobInfo:
+    same = b.sha256 == staged.sha256 and b.size == staged.size
+    if same and b.status != "stored":
         raise Conflict(
-            f"checkpoint {cp.id} belongs to attempt {cp.attempt}; this upload is from attempt {attempt}"
+            f"the {b.kind} blob of subtask {vertex}[{index}] for checkpoint {cp.id} was released "
+            f"(the checkpoint is {cp.status}" + (f": {cp.failure_reason}" if cp.failure_reason else "") + "); discard its state"
         )
-    if cp.status == ABORTED:
-        raise Conflict(f"checkpoint {cp.id} was aborted ({cp.failure_reason}); discard its state")
-    if cp.status == COMPLETED:
-        raise Conflict(f"checkpoint {cp.id} is already COMPLETED; it takes no more uploads")
+    request = SubtaskRequest("upload", attempt, f"{vertex}[{index}]", "same" if same else "different")
+    try:
+        lifecycle.accept(cp, request)
+    except Conflict as exc:
+        if same:
+            raise
+        raise Conflict(
+            f"{exc.message} (the stored {b.kind} blob has sha256 {b.sha256} and {b.size} bytes)"
+        ) from None
+    return blob_info(b)
+
+
+def _check_open(cp: CheckpointRow, attempt: int, vertex: str, index: int) -> None:
+    """A new blob is stored only for a checkpoint that takes uploads from this attempt."""
+    lifecycle.accept(cp, SubtaskRequest("upload", attempt, f"{vertex}[{index}]"))
 
 
 async def upload(
@@ -113,19 +129,23 @@ async def store(
         cp = await get_checkpoint_or_404(s, job_id, cp_id)
         check_subtask(job, vertex, index)
         prior = await _slot(s, job_id, cp_id, vertex, index)
-    if any(kind not in prior for kind in kinds) or cp.attempt != attempt:
-        _check_open(cp, attempt)  # only a retry of what is stored already may come after completion
+    if any(kind not in prior for kind in kinds):
+        _check_open(cp, attempt, vertex, index)  # only a retry of what is stored already may come after completion
+    else:
+        belongs_to_attempt(attempt, cp.attempt, f"checkpoint {cp_id}", "this upload")
     staged: list[Staged] = []
     try:
         for _, sha256, body in parts:
             staged.append(await ctx.store.stage(body, sha256, ctx.settings.max_blob_size))
         answers: list[tuple[BlobInfo, bool] | None] = []
         for kind, st in zip(kinds, staged, strict=True):
-            answers.append((_same_or_conflict(prior[kind], st, vertex, index, cp_id), False) if kind in prior else None)
+            answers.append(
+                (_same_or_conflict(cp, prior[kind], st, attempt, vertex, index), False) if kind in prior else None
+            )
         new = [i for i, a in enumerate(answers) if a is None]
         if not new:
             return [a for a in answers if a is not None]
-        keys = {i: blob_key(job_id, new_blob_id()) for i in new}
+        keys = {i: upload_key(job_id, cp_id, new_blob_id()) for i in new}
         try:
             moved = await asyncio.gather(*(ctx.store.commit(staged[i], keys[i]) for i in new), return_exceptions=True)
             for m in moved:
@@ -140,7 +160,7 @@ async def store(
                         .with_for_update(read=True)
                     )
                 ).scalar_one()
-                _check_open(cp, attempt)
+                _check_open(cp, attempt, vertex, index)
                 created_at = now_ms()
                 for i in new:
                     row = BlobRow(
@@ -155,6 +175,8 @@ async def store(
                         size=staged[i].size,
                         status="stored",
                         created_at=created_at,
+                        key=keys[i],
+                        offset=0,
                     )
                     s.add(row)
                     answers[i] = (blob_info(row), True)
@@ -170,7 +192,7 @@ async def store(
                 won = await _existing(ctx, job_id, cp_id, vertex, index)
                 if all(k in won for k in kinds):
                     return [
-                        (_same_or_conflict(won[k], st, vertex, index, cp_id), False)
+                        (_same_or_conflict(cp, won[k], st, attempt, vertex, index), False)
                         for k, st in zip(kinds, staged, strict=True)
                     ]
             raise
@@ -179,18 +201,51 @@ async def store(
             st.discard()
 
 
-async def open_blob(ctx: Context, job_id: int, blob_id: str) -> BlobRow:
-    key = blob_key(job_id, blob_id)  # refuses anything that is not an issued id
-    async with ctx.tx(readonly=True) as s:
-        await get_job_or_404(s, job_id)
-        row = await s.get(BlobRow, blob_id)
+def _check_blob_id(blob_id: str) -> None:
+    blob_key(1, blob_id)  # refuses anything that is not an issued id
+
+
+async def _stored_row(s, job_id: int, blob_id: str) -> BlobRow:
+    await get_job_or_404(s, job_id)
+    row = await s.get(BlobRow, blob_id)
     if row is None or row.job_id != job_id or row.status != "stored":
         raise NotFound(
-            f"job {job_id} has no blob {blob_id}" + (" (it was released)" if row is not None else "")
+            f"job {job_id} has no blob {blob_id}"
+            + (" (it was released)" if row is not None and row.job_id == job_id else "")
         )
-    if await ctx.store.size(key) is None:
-        raise NotFound(f"blob {blob_id} of job {job_id} is recorded but missing from the blob store")
     return row
+
+
+async def open_blob(ctx: Context, job_id: int, blob_id: str) -> BlobRow:
+    """The row of a stored blob whose object is in the store (404 otherwise); read it at `object_of(row)`."""
+    _check_blob_id(blob_id)
+    async with ctx.tx(readonly=True) as s:
+        row = await _stored_row(s, job_id, blob_id)
+    key, offset = object_of(row)
+    size = await ctx.store.size(key)
+    if size is None or size < offset + row.size:
+        raise NotFound(
+            f"blob {blob_id} of job {job_id} is recorded but "
+            + ("missing from the blob store" if size is None else f"its object {key} is cut short ({size} bytes)")
+        )
+    return row
+
+
+async def mark_corrupt(ctx: Context, job_id: int, blob_id: str, report: CorruptBlob) -> BlobInfo:
+    """A restoring subtask of the current attempt read the blob and its bytes do not match its sha256: mark it,
+    so no restore plan uses its checkpoint again. Idempotent: a blob marked before stays marked as first reported."""
+    _check_blob_id(blob_id)
+    async with ctx.tx() as s:
+        job = await get_job_or_404(s, job_id, lock=True)
+        check_current_attempt(job, report.attempt, "this corrupt-blob report")
+        check_subtask(job, report.vertex, report.subtask_index)
+        row = await _stored_row(s, job_id, blob_id)
+        if row.corrupt is None:
+            row.corrupt = (
+                f"reported corrupt by subtask {report.vertex}[{report.subtask_index}] of attempt {report.attempt}: "
+                f"{report.reason}"
+            )
+        return blob_info(row)
 
 
 def parse_range(header: str | None, size: int) -> tuple[int, int] | None:

@@ -2,19 +2,36 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db.models import BlobRow, CheckpointRow, JobRow
+from app.db.models import CheckpointRow, JobRow
 from app.domain import lifecycle
-from app.domain.context import after_commit, delete_after_commit, get_job_or_404
-from app.domain.lifecycle import ABORTED, COMPLETED, PENDING, AbortReason
+from app.domain.context import after_commit, get_job_or_404, now_ms
+from app.domain.lifecycle import (
+    ACTIVE,
+    COMPLETED,
+    PENDING,
+    AbortReason,
+    SubtaskRequest,
+    Verdict,
+    abort_checkpoint,
+    abort_pending,
+    release_blobs,
+)
+from app.domain.policies import barrier_plan
 from app.errors import Conflict, NotFound
 from app.events import emit
 from app.observability import CHECKPOINT_DURATION, CHECKPOINTS
-from client.models import BarrierPolicy, CheckpointConfig, CheckpointStatus, Decline, EventType, JobStatus
+from contract.events import CheckpointCompleted, CheckpointTriggered
+from contract.models import BarrierPolicy, CheckpointConfig, CheckpointStatus, Decline, JobStatus, WriteTarget
 
-ACTIVE = (JobStatus.running.value, JobStatus.failing.value)
+__all__ = ["ACTIVE", "abort_checkpoint", "abort_pending", "release_blobs"]
+
+WriteTargets = Callable[[int, int, int], Awaitable[WriteTarget | None]]
+"""(job id, checkpoint id, timeout_at) -> where its subtasks write its state themselves, or None (`Context.write_target`)."""
 
 
 async def pending_ids(s: AsyncSession, job_id: int) -> list[int]:
@@ -34,6 +51,13 @@ def trigger_refusal(job: JobRow, pending: list[int], now: int, savepoint: bool) 
                 f"job {job.id} has no running attempt; start one (POST /api/v1/jobs/{job.id}/attempts) first"
             )
         return f"job {job.id} is {job.status}; checkpoints are taken only while it runs"
+    if job.periodic_from is not None and job.running_at is None and now < job.periodic_from:
+        # the attempt waits for its subtasks: until all reported running (a restored one: replayed its in-flight
+        # data) no checkpoint can be taken consistently
+        return (
+            f"attempt {job.current_attempt} of job {job.id} is still starting: not every subtask reported running "
+            f"yet (a restored subtask does once it replayed its in-flight data); retry in a moment"
+        )
     if savepoint:
         return None
     cfg = CheckpointConfig.model_validate(job.config)
@@ -59,17 +83,18 @@ async def trigger(
     policy: BarrierPolicy | None = None,
     savepoint: bool = False,
     stop: bool = False,
+    targets: WriteTargets | None = None,
 ) -> CheckpointRow:
-    """Issue the job's next checkpoint id. The caller holds the job row lock."""
+    """Issue the job's next checkpoint id; its trigger event carries its write target (from `targets`). The caller
+    holds the job row lock."""
     pending = await pending_ids(s, job.id)
     refusal = trigger_refusal(job, pending, now, savepoint)
     if refusal:
         raise Conflict(refusal)
     cfg = CheckpointConfig.model_validate(job.config)
-    effective = BarrierPolicy.aligned if savepoint else (policy or cfg.policy)
-    alignment_timeout = None
-    if effective == BarrierPolicy.aligned_then_unaligned:
-        alignment_timeout = cfg.alignment_timeout if cfg.alignment_timeout is not None else 0
+    # Savepoints are always aligned; otherwise the requested policy, or the job's.
+    plan = barrier_plan(BarrierPolicy.aligned if savepoint else (policy or cfg.policy), cfg)
+    alignment_timeout = plan.alignment_timeout
     cp = CheckpointRow(
         job_id=job.id,
         id=job.next_checkpoint_id,
@@ -77,12 +102,11 @@ async def trigger(
         status=PENDING,
         is_savepoint=savepoint,
         stop_job=stop,
-        policy=effective.value,
+        policy=plan.policy.value,
         alignment_timeout=alignment_timeout,
         trigger_ts=now,
         timeout_at=now + cfg.timeout,
-        # With a zero timeout the barrier itself says 'unaligned from the start'; no switch event is needed.
-        switch_at=(now + alignment_timeout) if alignment_timeout else None,
+        switch_at=(now + plan.switch_after) if plan.switch_after is not None else None,
         num_subtasks=job.num_subtasks,
         num_acked=0,
         state_size=0,
@@ -95,87 +119,25 @@ async def trigger(
     job.last_trigger_at = now
     job.updated_at = now
     s.add(cp)
+    target = await targets(job.id, cp.id, cp.timeout_at) if targets is not None else None
     emit(
         s,
         job,
-        EventType.checkpoint_triggered,
-        {
-            "checkpoint_id": cp.id,
-            "attempt": cp.attempt,
-            "policy": cp.policy,
-            "alignment_timeout": alignment_timeout,
-            "trigger_timestamp": now,
-            "timeout_at": cp.timeout_at,
-            "is_savepoint": savepoint,
-            "stop": stop,
-        },
+        CheckpointTriggered(
+            checkpoint_id=cp.id,
+            attempt=cp.attempt,
+            policy=cp.policy,
+            alignment_timeout=alignment_timeout,
+            trigger_timestamp=now,
+            timeout_at=cp.timeout_at,
+            is_savepoint=savepoint,
+            stop=stop,
+            target=target,
+        ),
         now,
     )
     after_commit(s, lambda: CHECKPOINTS.labels("triggered").inc())
     return cp
-
-
-async def release_blobs(s: AsyncSession, job_id: int, checkpoint_ids: list[int]) -> None:
-    """Mark a checkpoint's blobs as no longer referenced; their bytes are deleted after the commit."""
-    if not checkpoint_ids:
-        return
-    ids = list(
-        (
-            await s.execute(
-                select(BlobRow.id).where(
-                    BlobRow.job_id == job_id,
-                    BlobRow.checkpoint_id.in_(checkpoint_ids),
-                    BlobRow.status == "stored",
-                )
-            )
-        ).scalars()
-    )
-    if ids:
-        await s.execute(update(BlobRow).where(BlobRow.id.in_(ids)).values(status="deleting"))
-        delete_after_commit(s, job_id, ids)
-
-
-async def abort_checkpoint(
-    s: AsyncSession, job: JobRow, cp: CheckpointRow, reason: AbortReason, detail: str, now: int
-) -> None:
-    """PENDING -> ABORTED with its reason; its blobs are released. The caller holds the job row lock."""
-    became_failing = lifecycle.abort(cp, job, reason, detail, now)
-    job.updated_at = now
-    await release_blobs(s, job.id, [cp.id])
-    emit(
-        s,
-        job,
-        EventType.checkpoint_aborted,
-        {
-            "checkpoint_id": cp.id,
-            "attempt": cp.attempt,
-            "reason": cp.failure_reason,
-            "is_savepoint": cp.is_savepoint,
-        },
-        now,
-    )
-    if became_failing:
-        emit(s, job, EventType.job_status, {"status": job.status, "message": job.status_message}, now)
-    after_commit(s, lambda: CHECKPOINTS.labels("aborted").inc())
-
-
-async def abort_pending(
-    s: AsyncSession, job: JobRow, reason: AbortReason, detail: str, now: int
-) -> list[int]:
-    rows = (
-        await s.execute(
-            select(CheckpointRow)
-            .where(CheckpointRow.job_id == job.id, CheckpointRow.status == PENDING)
-            .order_by(CheckpointRow.id)
-        )
-    ).scalars()
-    aborted = []
-    for cp in list(rows):
-        if cp.status != PENDING:
-            continue
-        await abort_checkpoint(s, job, cp, reason, detail, now)
-        aborted.append(cp.id)
-    return aborted
 
 
 async def complete_checkpoint(s: AsyncSession, job: JobRow, cp: CheckpointRow, now: int) -> None:
@@ -185,16 +147,15 @@ async def complete_checkpoint(s: AsyncSession, job: JobRow, cp: CheckpointRow, n
     emit(
         s,
         job,
-        EventType.checkpoint_completed,
-        {
-            "checkpoint_id": cp.id,
-            "attempt": cp.attempt,
-            "is_savepoint": cp.is_savepoint,
-            "checkpoint_type": checkpoint_type(cp),
-            "end_to_end_duration": now - cp.trigger_ts,
-            "persisted_data": cp.persisted_data,
-            "state_size": cp.state_size,
-        },
+        CheckpointCompleted(
+            checkpoint_id=cp.id,
+            attempt=cp.attempt,
+            is_savepoint=cp.is_savepoint,
+            checkpoint_type=checkpoint_type(cp),
+            end_to_end_duration=now - cp.trigger_ts,
+            persisted_data=cp.persisted_data,
+            state_size=cp.state_size,
+        ),
         now,
     )
     duration = (now - cp.trigger_ts) / 1000
@@ -214,9 +175,15 @@ async def complete_checkpoint(s: AsyncSession, job: JobRow, cp: CheckpointRow, n
             await abort_checkpoint(s, job, old, AbortReason.subsumed, f"checkpoint {cp.id} completed", now)
         await apply_retention(s, job)
     if cp.stop_job:
-        await abort_pending(s, job, AbortReason.job_ended, f"job stopped with savepoint {cp.id}", now)
-        lifecycle.move_job(job, JobStatus.finished, f"stopped with savepoint {cp.id}")
-        emit(s, job, EventType.job_status, {"status": job.status, "message": job.status_message}, now)
+        await lifecycle.end_job(
+            s,
+            job,
+            JobStatus.finished,
+            f"stopped with savepoint {cp.id}",
+            AbortReason.job_ended,
+            f"job stopped with savepoint {cp.id}",
+            now,
+        )
 
 
 async def apply_retention(s: AsyncSession, job: JobRow) -> list[int]:
@@ -243,7 +210,7 @@ async def apply_retention(s: AsyncSession, job: JobRow) -> list[int]:
             .where(CheckpointRow.job_id == job.id, CheckpointRow.id.in_(drop))
             .values(discarded=True)
         )
-        await release_blobs(s, job.id, drop)
+        await release_blobs(s, job.id, drop, now_ms())
     return drop
 
 
@@ -262,14 +229,9 @@ async def decline(s: AsyncSession, job_id: int, checkpoint_id: int, body: Declin
     job = await get_job_or_404(s, job_id, lock=True)
     cp = await get_checkpoint_or_404(s, job_id, checkpoint_id)
     check_subtask(job, body.vertex, body.subtask_index)
-    if body.attempt != cp.attempt:
-        raise Conflict(
-            f"checkpoint {cp.id} belongs to attempt {cp.attempt}; this decline is from attempt {body.attempt}"
-        )
-    if cp.status == ABORTED:
+    request = SubtaskRequest("decline", body.attempt, f"{body.vertex}[{body.subtask_index}]")
+    if lifecycle.accept(cp, request) == Verdict.unchanged:
         return cp  # declining an aborted checkpoint changes nothing (a retried decline lands here)
-    if cp.status == COMPLETED:
-        raise Conflict(f"checkpoint {cp.id} is already COMPLETED; it cannot be declined")
     await abort_checkpoint(
         s, job, cp, AbortReason.declined, f"subtask {body.vertex}[{body.subtask_index}]: {body.reason}", now
     )

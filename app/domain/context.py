@@ -1,5 +1,5 @@
 """The coordinator's runtime context: database, blob store and event bus, and the transaction wrapper
-that publishes events and deletes unreferenced blobs only after a commit."""
+that publishes events and cleans released checkpoints' prefixes only after a commit."""
 
 from __future__ import annotations
 
@@ -9,16 +9,17 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from sqlalchemy import delete, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.blobstore import BlobStore, blob_key, blob_store_from_url
-from app.db.models import BlobRow, JobRow
+from app.blobstore import BlobStore, blob_store_from_url, checkpoint_prefix
+from app.db.models import JobRow
 from app.db.session import Database
+from app.domain.cleanup import Cleaner, pending_cleanups
 from app.errors import NotFound
 from app.events import EventBus, event_bus_from_url, pending_events
-from app.observability import BLOBS_DELETED
 from app.settings import Settings
+from contract.models import WriteTarget
 
 log = logging.getLogger(__name__)
 
@@ -32,58 +33,56 @@ def after_commit(session: AsyncSession, fn: Callable[[], None]) -> None:
     session.info.setdefault("overtake_after_commit", []).append(fn)
 
 
-def delete_after_commit(session: AsyncSession, job_id: int, blob_ids: list[str]) -> None:
-    session.info.setdefault("overtake_delete_blobs", []).extend((job_id, b) for b in blob_ids)
-
-
 class Context:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.db = Database(settings.effective_database_url, settings.db_pool_size)
         self.store: BlobStore = blob_store_from_url(settings.effective_blob_url, settings.data_dir)
-        self.bus: EventBus = event_bus_from_url(settings.event_bus_url)
+        self.bus: EventBus = event_bus_from_url(settings.event_bus_url, settings.effective_namespace)
+        self.cleaner = Cleaner(self.db, self.store, int(settings.late_write_grace * 1000))
+        self._background: set[asyncio.Task] = set()
+
+    @property
+    def direct_writes(self) -> bool:
+        """Whether subtasks write their state into the blob store themselves (OVERTAKE_STATE_WRITES=direct)."""
+        return self.settings.state_writes == "direct"
 
     @asynccontextmanager
-    async def tx(self, readonly: bool = False) -> AsyncIterator[AsyncSession]:
-        """One transaction; after it commits, publish its events, run its hooks and delete released blobs."""
+    async def tx(self, readonly: bool = False, defer_cleanup: bool = False) -> AsyncIterator[AsyncSession]:
+        """One transaction; after it commits, publish its events, run its hooks and clean the prefixes of the
+        checkpoints it released (`defer_cleanup`: in the background, so the caller's answer does not wait)."""
         async with self.db.session(readonly=readonly) as s:
             yield s
             events = pending_events(s)
             hooks = s.info.pop("overtake_after_commit", [])
-            released = s.info.pop("overtake_delete_blobs", [])
+            released = pending_cleanups(s)
         if events:
             await self.bus.publish(events)
         for fn in hooks:
             fn()
         if released:
-            await self.delete_blobs(released)
+            if defer_cleanup:
+                task = asyncio.create_task(self.cleaner.clean_all(released, now_ms()), name="overtake-cleanup")
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            else:
+                await self.cleaner.clean_all(released, now_ms())
 
-    async def delete_blobs(self, released: list[tuple[int, str]]) -> None:
-        """Remove released blobs' bytes, then their rows. Left-overs are retried by the scheduler's sweep."""
-        done: list[str] = []
-        for job_id, blob_id in released:
-            try:
-                await self.store.delete(blob_key(job_id, blob_id))
-                done.append(blob_id)
-            except Exception as exc:  # noqa: BLE001 - the sweep retries
-                log.warning("could not delete blob %s of job %s: %s", blob_id, job_id, exc)
-        if done:
-            async with self.db.session() as s:
-                await s.execute(delete(BlobRow).where(BlobRow.id.in_(done), BlobRow.status == "deleting"))
-            BLOBS_DELETED.inc(len(done))
+    async def write_target(self, job_id: int, checkpoint_id: int, timeout_at: int) -> WriteTarget | None:
+        """Where the subtasks write a checkpoint's state themselves, scoped to its prefix until its timeout; None
+        when they upload it through the coordinator (OVERTAKE_STATE_WRITES=coordinator, or a store without)."""
+        if not self.direct_writes:
+            return None
+        prefix = checkpoint_prefix(job_id, checkpoint_id)
+        return await self.store.write_target(prefix, timeout_at, self.settings.max_blob_size)
 
-    async def sweep_released_blobs(self, limit: int = 500) -> int:
-        async with self.db.session(readonly=True) as s:
-            rows = (
-                await s.execute(
-                    select(BlobRow.job_id, BlobRow.id).where(BlobRow.status == "deleting").limit(limit)
-                )
-            ).all()
-        if rows:
-            await self.delete_blobs([(r[0], r[1]) for r in rows])
-        return len(rows)
+    async def sweep_state(self, now: int | None = None) -> int:
+        """Clean the checkpoints whose cleaning is due (the scheduler's sweep); returns how many were tried."""
+        return await self.cleaner.sweep(now_ms() if now is None else now)
 
     async def close(self) -> None:
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=10)
         await self.bus.stop()
         await self.db.dispose()
 

@@ -9,10 +9,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import AckRow, CheckpointRow, JobRow
 from app.domain.checkpoints import ACTIVE, complete_checkpoint
-from app.domain.lifecycle import PENDING
+from app.domain.lifecycle import PENDING, check_current_attempt
 from app.errors import Conflict
 from app.events import emit
-from client.models import BarrierPolicy, EventType, ExternalCheckpoint
+from contract.events import CheckpointTriggered
+from contract.models import BarrierPolicy, ExternalCheckpoint
 
 
 def _digest(body: ExternalCheckpoint) -> str:
@@ -27,9 +28,8 @@ async def record_external(s: AsyncSession, job: JobRow, body: ExternalCheckpoint
     """
     if job.status not in ACTIVE or job.current_attempt is None:
         raise Conflict(f"job {job.id} is {job.status}; start an attempt before reporting checkpoints")
-    attempt = body.attempt if body.attempt is not None else job.current_attempt
-    if attempt != job.current_attempt:
-        raise Conflict(f"job {job.id} is on attempt {job.current_attempt}; attempt {attempt} cannot report checkpoints")
+    check_current_attempt(job, body.attempt, "this checkpoint report")
+    attempt = job.current_attempt
     digest = _digest(body)
     existing = await s.get(CheckpointRow, (job.id, body.id))
     if existing is not None:
@@ -101,18 +101,14 @@ async def record_external(s: AsyncSession, job: JobRow, body: ExternalCheckpoint
     emit(
         s,
         job,
-        EventType.checkpoint_triggered,
-        {
-            "checkpoint_id": cp.id,
-            "attempt": attempt,
-            "policy": cp.policy,
-            "alignment_timeout": None,
-            "trigger_timestamp": cp.trigger_ts,
-            "timeout_at": cp.timeout_at,
-            "is_savepoint": False,
-            "stop": False,
-            "external": True,
-        },
+        CheckpointTriggered(
+            checkpoint_id=cp.id,
+            attempt=attempt,
+            policy=cp.policy,
+            trigger_timestamp=cp.trigger_ts,
+            timeout_at=cp.timeout_at,
+            external=True,
+        ),
         body.completed_timestamp,
     )
     if rows:

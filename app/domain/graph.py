@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from app.domain.policies import POLICY_RULES
 from app.errors import Invalid
-from client.models import NAME_RE, BarrierPolicy, CheckpointConfig, Graph, Partitioning
+from contract.models import NAME_RE, CheckpointConfig, Graph, Partitioning
 
 
 def validate_graph(graph: Graph) -> None:
@@ -95,9 +96,10 @@ def validate_config(cfg: CheckpointConfig) -> None:
             raise Invalid(
                 f"checkpoint.alignment_timeout must not be negative (ms), got {cfg.alignment_timeout}"
             )
-        if cfg.policy != BarrierPolicy.aligned_then_unaligned:
+        if not POLICY_RULES[cfg.policy].takes_alignment_timeout:
+            takes = [p.value for p, rule in POLICY_RULES.items() if rule.takes_alignment_timeout]
             raise Invalid(
-                f"checkpoint.alignment_timeout applies only to policy aligned_then_unaligned, not {cfg.policy.value}"
+                f"checkpoint.alignment_timeout applies only to policy {', '.join(takes)}, not {cfg.policy.value}"
             )
         if cfg.alignment_timeout >= cfg.timeout:
             raise Invalid(
@@ -109,10 +111,3 @@ def validate_config(cfg: CheckpointConfig) -> None:
 def subtasks_of(graph: Graph) -> dict[str, int]:
     """vertex id -> parallelism."""
     return {v.id: v.parallelism for v in graph.vertices}
-
-
-def key_group_range(max_parallelism: int, parallelism: int, index: int) -> tuple[int, int]:
-    """The inclusive key-group range [start, end] that subtask `index` owns (Flink's contiguous split)."""
-    start = (index * max_parallelism + parallelism - 1) // parallelism
-    end = ((index + 1) * max_parallelism + parallelism - 1) // parallelism - 1
-    return start, end

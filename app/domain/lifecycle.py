@@ -1,26 +1,39 @@
-"""The checkpoint and job state machines: every legal transition, written as small named rules.
+"""The checkpoint and job state machines: every legal transition and what each state still accepts, written as
+small named rules, and the transitions that apply them.
 
 A checkpoint is PENDING until it is COMPLETED (every subtask of its attempt acked, in the same
 transaction as the last ack) or ABORTED with a reason. Nothing leaves COMPLETED or ABORTED.
 A job is CREATED, RUNNING (an attempt is open) or FAILING (too many consecutive failed checkpoints)
 until it ends as FINISHED, FAILED or CANCELLED.
 
-Every state change of a checkpoint or a job in the coordinator goes through `complete`, `abort`,
-or `move_job` below; the rules here are the only place that decides whether it is allowed.
+Every state change of a checkpoint or a job in the coordinator goes through `complete`, `abort_checkpoint`,
+`end_job` or `move_job` below; every request a subtask sends about a checkpoint (an ack, an upload, a decline,
+also late or repeated) is decided by `accept`. The rules here are the only place that decides whether either is
+allowed. Whether a request belongs to the attempt it names is decided once, by `belongs_to_attempt`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Literal, Protocol
 
-from app.db.models import CheckpointRow, JobRow
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.db.models import AttemptRow, CheckpointRow, JobRow
+from app.domain import cleanup
+from app.domain.context import after_commit
 from app.errors import Conflict
-from client.models import CheckpointStatus, JobStatus
+from app.events import emit
+from app.observability import CHECKPOINTS
+from contract.events import CheckpointAborted, JobStatusChanged
+from contract.models import CheckpointStatus, JobStatus
 
 PENDING = CheckpointStatus.pending.value
 COMPLETED = CheckpointStatus.completed.value
 ABORTED = CheckpointStatus.aborted.value
+ACTIVE = (JobStatus.running.value, JobStatus.failing.value)
 
 
 class AbortReason(str, Enum):
@@ -36,6 +49,139 @@ class AbortReason(str, Enum):
     @property
     def counts_as_failure(self) -> bool:
         return self in (AbortReason.expired, AbortReason.declined)
+
+
+# --------------------------------------------------------------------------- one attempt at a time
+
+
+def belongs_to_attempt(sent: int | None, owner_attempt: int | None, owner: str, request: str) -> None:
+    """409 unless a request from attempt `sent` belongs to `owner` (a checkpoint, or a job's current attempt),
+    which is of attempt `owner_attempt`. `request` says what the request wants, e.g. 'this ack'."""
+    if sent != owner_attempt:
+        raise Conflict(
+            f"{owner} belongs to attempt {owner_attempt}; {request} is from attempt {sent}"
+            + ("" if owner_attempt is None else f" (only attempt {owner_attempt} may send it)")
+        )
+
+
+def check_current_attempt(job: JobRow, attempt: int | None, request: str) -> None:
+    """409 unless `attempt` (None: the current one) is the job's current attempt."""
+    if attempt is not None:
+        belongs_to_attempt(attempt, job.current_attempt, f"job {job.id}'s current run", request)
+
+
+# --------------------------------------------------------------------------- what a checkpoint accepts
+
+
+class CheckpointFacts(Protocol):
+    """What the rules read of a checkpoint (a CheckpointRow, or the columns the ack path selects)."""
+
+    job_id: int
+    id: int
+    attempt: int
+    status: str
+    failure_reason: str | None
+
+
+RequestKind = Literal["ack", "upload", "decline"]
+Prior = Literal["same", "different"] | None
+
+
+@dataclass(frozen=True)
+class SubtaskRequest:
+    """A subtask's request about a checkpoint. `prior`: what this subtask recorded for the checkpoint before with
+    this request's kind: nothing (None), the same content (a retry), or different content."""
+
+    kind: RequestKind
+    attempt: int
+    subtask: str
+    prior: Prior = None
+
+
+class Verdict(str, Enum):
+    apply = "apply"  # record it
+    unchanged = "unchanged"  # a late or repeated request: answer success, change nothing
+
+
+class AcceptRule:
+    """One decision about a request; returns a verdict, None to leave it to the next rule, or raises Conflict."""
+
+    def decide(self, cp: CheckpointFacts, req: SubtaskRequest) -> Verdict | None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class FromTheCheckpointsAttempt(AcceptRule):
+    """Only the attempt that took a checkpoint may ack, upload for or decline it."""
+
+    def decide(self, cp, req):
+        belongs_to_attempt(req.attempt, cp.attempt, f"checkpoint {cp.id}", f"this {req.kind}")
+        return None
+
+
+class RepeatsChangeNothing(AcceptRule):
+    """The same ack or upload again succeeds and changes nothing, in any state (a retry after a lost answer)."""
+
+    def decide(self, cp, req):
+        return Verdict.unchanged if req.prior == "same" else None
+
+
+class RecordedContentNeverChanges(AcceptRule):
+    """A different ack or upload for a subtask that already sent one is refused: what is recorded stays."""
+
+    def decide(self, cp, req):
+        if req.prior == "different":
+            raise Conflict(
+                f"subtask {req.subtask} already sent an {req.kind} for checkpoint {cp.id} with different content; "
+                + ("a blob cannot be replaced" if req.kind == "upload" else f"an {req.kind} cannot be changed")
+            )
+        return None
+
+
+class PendingTakesWork(AcceptRule):
+    """A pending checkpoint takes acks, uploads and declines."""
+
+    def decide(self, cp, req):
+        return Verdict.apply
+
+
+class AbortedTakesNoWork(AcceptRule):
+    """An aborted checkpoint takes no acks or uploads (the subtask discards its state); a decline of it changes
+    nothing (it is aborted already)."""
+
+    def decide(self, cp, req):
+        if req.kind == "decline":
+            return Verdict.unchanged
+        raise Conflict(f"checkpoint {cp.id} was aborted ({cp.failure_reason}); discard its state")
+
+
+class CompletedTakesNoWork(AcceptRule):
+    """A completed checkpoint takes no new ack, upload or decline."""
+
+    def decide(self, cp, req):
+        if req.kind == "decline":
+            raise Conflict(f"checkpoint {cp.id} is already COMPLETED; it cannot be declined")
+        raise Conflict(
+            f"checkpoint {cp.id} is already COMPLETED without an {req.kind} of {req.subtask}; "
+            f"it takes no more {req.kind}s"
+        )
+
+
+_ALWAYS = [FromTheCheckpointsAttempt(), RepeatsChangeNothing(), RecordedContentNeverChanges()]
+ACCEPT_RULES: dict[str, list[AcceptRule]] = {
+    PENDING: [*_ALWAYS, PendingTakesWork()],
+    ABORTED: [*_ALWAYS, AbortedTakesNoWork()],
+    COMPLETED: [*_ALWAYS, CompletedTakesNoWork()],
+}
+
+
+def accept(cp: CheckpointFacts, req: SubtaskRequest) -> Verdict:
+    """What the checkpoint does with the request in its current state: apply it, or answer and change nothing;
+    raises Conflict (saying why) when it refuses."""
+    for rule in ACCEPT_RULES[cp.status]:
+        verdict = rule.decide(cp, req)
+        if verdict is not None:
+            return verdict
+    raise AssertionError(f"no rule decided {req} for a {cp.status} checkpoint")  # pragma: no cover
 
 
 # --------------------------------------------------------------------------- checkpoint rules
@@ -95,6 +241,7 @@ def complete(cp: CheckpointRow, job: JobRow, now: int) -> None:
     if job.latest_completed_id is None or cp.id > job.latest_completed_id:
         job.latest_completed_id = cp.id
         job.last_completed_at = now
+    cleanup.prune_when_late_writes_are_over(cp)
 
 
 def abort(cp: CheckpointRow, job: JobRow, reason: AbortReason, detail: str, now: int) -> bool:
@@ -115,6 +262,50 @@ def abort(cp: CheckpointRow, job: JobRow, reason: AbortReason, detail: str, now:
             )
             return True
     return False
+
+
+async def release_blobs(s: AsyncSession, job_id: int, checkpoint_ids: list[int], now: int) -> None:
+    """Nothing references these checkpoints' state any more: their prefixes in the blob store are deleted after the
+    commit (and by the sweep should that fail). Never called for a completed savepoint or the latest completed."""
+    await cleanup.release(s, job_id, checkpoint_ids, now)
+
+
+async def abort_checkpoint(
+    s: AsyncSession, job: JobRow, cp: CheckpointRow, reason: AbortReason, detail: str, now: int
+) -> None:
+    """PENDING -> ABORTED with its reason; its blobs are released. The caller holds the job row lock."""
+    became_failing = abort(cp, job, reason, detail, now)
+    job.updated_at = now
+    await release_blobs(s, job.id, [cp.id], now)
+    emit(
+        s,
+        job,
+        CheckpointAborted(
+            checkpoint_id=cp.id, attempt=cp.attempt, reason=cp.failure_reason, is_savepoint=cp.is_savepoint
+        ),
+        now,
+    )
+    if became_failing:
+        emit(s, job, JobStatusChanged(status=job.status, message=job.status_message), now)
+    after_commit(s, lambda: CHECKPOINTS.labels("aborted").inc())
+
+
+async def abort_pending(s: AsyncSession, job: JobRow, reason: AbortReason, detail: str, now: int) -> list[int]:
+    """Abort every pending checkpoint of the job, oldest first; returns their ids."""
+    rows = (
+        await s.execute(
+            select(CheckpointRow)
+            .where(CheckpointRow.job_id == job.id, CheckpointRow.status == PENDING)
+            .order_by(CheckpointRow.id)
+        )
+    ).scalars()
+    aborted = []
+    for cp in list(rows):
+        if cp.status != PENDING:
+            continue
+        await abort_checkpoint(s, job, cp, reason, detail, now)
+        aborted.append(cp.id)
+    return aborted
 
 
 # --------------------------------------------------------------------------- job rules
@@ -148,3 +339,30 @@ def move_job(job: JobRow, target: JobStatus, message: str | None = None) -> None
         )
     job.status = target.value
     job.status_message = message
+
+
+async def end_attempt(s: AsyncSession, job: JobRow, now: int) -> None:
+    """The job's current attempt is over: its task token stops working."""
+    if job.current_attempt is not None:
+        await s.execute(
+            update(AttemptRow)
+            .where(
+                AttemptRow.job_id == job.id,
+                AttemptRow.number == job.current_attempt,
+                AttemptRow.ended_at.is_(None),
+            )
+            .values(ended_at=now)
+        )
+
+
+async def end_job(
+    s: AsyncSession, job: JobRow, status: JobStatus, message: str | None, reason: AbortReason, detail: str, now: int
+) -> None:
+    """End a job (cancelled, finished or failed by its runtime, or stopped with a savepoint): move it to `status`,
+    abort its pending checkpoints with `reason`, end its attempt, and tell its subtasks. The caller holds the
+    job row lock."""
+    move_job(job, status, message)
+    await abort_pending(s, job, reason, detail, now)
+    await end_attempt(s, job, now)
+    job.updated_at = now
+    emit(s, job, JobStatusChanged(status=job.status, message=job.status_message), now)

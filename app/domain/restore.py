@@ -1,33 +1,50 @@
 """Restore plans: which checkpoint an attempt restores, and per subtask its state slices, channel-state
-segments in replay order and source offsets. Blobs are verified; a checkpoint with a missing or corrupt
-blob is passed over for the previous completed one, and the plan says which and why.
+segments in replay order, source offsets, and where to read each blob (straight from the blob store: a file:// URL
+or a presigned GET, and the blob's offset in its object). Blobs are checked (OVERTAKE_VERIFY_BLOBS_ON_RESTORE:
+stat, each object exists with its size, or sha256, each blob read and hashed); a checkpoint with a missing, cut or
+corrupt blob, or one a subtask reported corrupt, is passed over for the previous completed one, and the plan says
+which and why. Subtasks verify each blob's sha256 as they read it and report a mismatch (POST
+.../blobs/{blob_id}/corrupt).
 
-Rescaling: keyed operator state is split by key-group range; input channel state of hash edges goes to every
-new subtask (each keeps the records of its key groups); other operator state, channel state and source offsets
-of old subtask j go to new subtask j mod the new parallelism.
+Rescaling (a vertex restored with another parallelism than the checkpoint's), per new subtask *i* of *p*:
+
+- keyed operator state: the slices of the old subtasks whose key-group range overlaps *i*'s (each subtask loads
+  only its own key groups); other operator state: old subtask *j* goes to *j mod p*;
+- input channel state of hash edges: the segments of the old subtasks whose key-group range overlaps *i*'s (the
+  subtask keeps the records of its key groups); of rebalance and forward edges: old *j* to *j mod p*; of broadcast
+  edges: old *j* to *j* while it exists;
+- output channel state: old *j*'s to *j mod p*, which re-sends it partitioned for the new parallelism downstream;
+- source positions: every old source subtask's, so each new one takes the splits it owns.
+
+The order the runtime keeps (``spark_plugin.network.input``'s recovery order and ``docs/recovery.md``) does not
+depend on which new subtask re-sends which output state.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 from typing import Literal
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.blobstore import blob_key
 from app.db.models import AckRow, BlobRow, CheckpointRow, JobRow
-from app.domain.context import Context
-from app.domain.graph import key_group_range
+from app.domain.blobs import object_of
+from app.domain.context import Context, now_ms
 from app.domain.lifecycle import COMPLETED
 from app.errors import Conflict, NotFound
-from client.models import (
+from contract.keygroups import key_group_range
+from contract.models import (
+    BlobLocation,
     Partitioning,
     PlanFallback,
     RestorePlan,
     RestoreSegment,
     RestoreState,
+    SourcePosition,
     SubtaskRestore,
+    VertexRescale,
 )
 
 Requested = int | Literal["latest"] | None
@@ -59,8 +76,12 @@ async def select_checkpoint(s: AsyncSession, job: JobRow, requested: Requested) 
     return list((await s.execute(q.order_by(CheckpointRow.id.desc()).limit(20))).scalars())
 
 
-async def _verify(ctx: Context, job_id: int, acks: list[AckRow], rows: dict[str, BlobRow]) -> str | None:
-    """None if every blob of these acks is stored with its recorded checksum, else what is wrong."""
+STAT_CONCURRENCY = 32  # objects stat'ed at once while a plan is checked
+
+
+async def _verify(ctx: Context, acks: list[AckRow], rows: dict[str, BlobRow]) -> str | None:
+    """None if every blob of these acks is usable, else what is wrong (the first problem found)."""
+    used: list[tuple[str, BlobRow]] = []
     for a in acks:
         for blob_id in (a.operator_blob_id, a.channel_blob_id):
             if not blob_id:
@@ -69,15 +90,81 @@ async def _verify(ctx: Context, job_id: int, acks: list[AckRow], rows: dict[str,
             who = f"{a.vertex}[{a.subtask_index}]"
             if row is None or row.status != "stored":
                 return f"blob {blob_id} of subtask {who} is no longer stored"
-            if ctx.settings.verify_blobs_on_restore:
-                actual = await ctx.store.sha256(blob_key(job_id, blob_id))
-                if actual is None:
-                    return f"blob {blob_id} of subtask {who} is missing from the blob store"
-                if actual != row.sha256:
-                    return (
-                        f"blob {blob_id} of subtask {who} is corrupt: sha256 {actual}, expected {row.sha256}"
-                    )
+            if row.corrupt:
+                return f"blob {blob_id} of subtask {who} was {row.corrupt}"
+            used.append((who, row))
+    if ctx.settings.verify_blobs_on_restore == "sha256":
+        return await _verify_sha256(ctx, used)
+    return await _verify_sizes(ctx, used)
+
+
+async def _verify_sizes(ctx: Context, used: list[tuple[str, BlobRow]]) -> str | None:
+    """Each object exists with the size its blobs fill (a stat or HEAD per object, a few at a time, never a read)."""
+    ends: dict[str, int] = {}
+    owner: dict[str, tuple[str, BlobRow]] = {}
+    for who, row in used:
+        key, offset = object_of(row)
+        if offset + row.size >= ends.get(key, -1):
+            ends[key], owner[key] = offset + row.size, (who, row)
+    gate = asyncio.Semaphore(STAT_CONCURRENCY)
+
+    async def size(key: str) -> int | None:
+        async with gate:
+            return await ctx.store.size(key)
+
+    keys = list(ends)
+    sizes = await asyncio.gather(*(size(k) for k in keys))
+    for key, actual in zip(keys, sizes, strict=True):
+        who, row = owner[key]
+        if actual is None:
+            return f"blob {row.id} of subtask {who} is missing from the blob store (object {key})"
+        if actual != ends[key]:
+            return f"blob {row.id} of subtask {who} is cut or overwritten: object {key} has {actual} bytes, not {ends[key]}"
     return None
+
+
+async def _verify_sha256(ctx: Context, used: list[tuple[str, BlobRow]]) -> str | None:
+    """Each blob read whole and hashed (OVERTAKE_VERIFY_BLOBS_ON_RESTORE=sha256)."""
+    for who, row in used:
+        key, offset = object_of(row)
+        actual = await ctx.store.sha256(key, offset, row.size)
+        if actual is None:
+            return f"blob {row.id} of subtask {who} is missing from the blob store (object {key})"
+        if actual != row.sha256:
+            return f"blob {row.id} of subtask {who} is corrupt: sha256 {actual}, expected {row.sha256}"
+    return None
+
+
+async def _locate(ctx: Context, plan: RestorePlan, rows: dict[str, BlobRow]) -> None:
+    """Fill in where each subtask reads each blob its state names: URLs straight into the store (one per object,
+    presigned where the store needs it), or none when state goes through the coordinator."""
+    urls: dict[str, str] = {}
+    expires_at = None
+    if ctx.direct_writes:
+        expiry = ctx.settings.read_url_expiry
+        keys = {object_of(r)[0] for r in rows.values()}
+        urls = await ctx.store.read_urls(sorted(keys), expiry)
+        if ctx.store.presigned:
+            expires_at = now_ms() + expiry * 1000
+    for sub in plan.subtasks:
+        ids = [st.blob_id for st in sub.operator_state]
+        ids += [seg.blob_id for seg in (*sub.output_channel_state, *sub.input_channel_state)]
+        locations = []
+        for blob_id in dict.fromkeys(ids):
+            row = rows[blob_id]
+            key, offset = object_of(row)
+            url = urls.get(key)
+            locations.append(
+                BlobLocation(
+                    blob_id=row.id,
+                    sha256=row.sha256,
+                    size=row.size,
+                    url=url,
+                    offset=offset,
+                    expires_at=expires_at if url else None,
+                )
+            )
+        sub.blobs = locations
 
 
 async def build_plan(
@@ -94,31 +181,92 @@ async def build_plan(
         rows = {}
         if ids:
             rows = {b.id: b for b in (await s.execute(select(BlobRow).where(BlobRow.id.in_(ids)))).scalars()}
-        problem = await _verify(ctx, job.id, acks, rows)
+        problem = await _verify(ctx, acks, rows)
         if problem is None:
-            return _plan(job, cp, acks, rows, requested, fallbacks)
+            plan = _plan(job, cp, acks, rows, requested, fallbacks)
+            await _locate(ctx, plan, rows)
+            return plan
         fallbacks.append(PlanFallback(checkpoint_id=cp.id, reason=problem))
     # Nothing usable (or a fresh start was asked for): start fresh; `fallbacks` says why.
     return RestorePlan(
-        job_id=job.id, checkpoint_id=None, requested=requested, fallbacks=fallbacks, subtasks=_fresh(job)
+        job_id=job.id, checkpoint_id=None, **_requested(requested), fallbacks=fallbacks, subtasks=_fresh(job)
     )
+
+
+def _requested(requested: Requested) -> dict:
+    return {
+        "requested_checkpoint": requested if isinstance(requested, int) else None,
+        "requested_latest": requested == "latest",
+    }
 
 
 def _fresh(job: JobRow) -> list[SubtaskRestore]:
     out = []
     for v in job.graph["vertices"]:
         for i in range(v["parallelism"]):
-            kg = key_group_range(v["max_parallelism"], v["parallelism"], i)
+            kg = key_group_range(i, v["max_parallelism"], v["parallelism"])
             out.append(
                 SubtaskRestore(vertex=v["id"], subtask_index=i, key_group_start=kg[0], key_group_end=kg[1])
             )
     return out
 
 
-def _segments(a: AckRow, direction: str) -> list[RestoreSegment]:
+def _segments(a: AckRow, direction: str, key_groups: tuple[int, int] | None = None) -> list[RestoreSegment]:
+    """The ack's segments of one direction, in replay order; input segments of hash edges say which key groups
+    their records belong to (``key_groups``: those of the subtask that persisted them)."""
     segs = [seg for seg in a.segments if seg["direction"] == direction]
     segs.sort(key=lambda seg: (seg["channel"], seg["offset"]))
-    return [RestoreSegment(**seg, blob_id=a.channel_blob_id, from_subtask=a.subtask_index) for seg in segs]
+    out = []
+    for seg in segs:
+        kg = key_groups if key_groups is not None and seg.get("partitioning") == Partitioning.hash.value else None
+        out.append(
+            RestoreSegment(
+                **seg, blob_id=a.channel_blob_id, from_subtask=a.subtask_index,
+                key_group_start=kg[0] if kg else None, key_group_end=kg[1] if kg else None,
+            )
+        )
+    return out
+
+
+def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+def _input_segments(old: list[AckRow], i: int, p: int, maxp: int) -> list[RestoreSegment]:
+    """The input channel state new subtask ``i`` of ``p`` replays, from the old subtasks ``old`` of the vertex."""
+    old_p = len(old)
+    if old_p == p:
+        return [seg for a in old if a.subtask_index == i for seg in _segments(a, "input")]
+    mine = key_group_range(i, maxp, p)
+    out: list[RestoreSegment] = []
+    for a in old:
+        j = a.subtask_index
+        for seg in _segments(a, "input", key_group_range(j, maxp, old_p)):
+            if seg.partitioning == Partitioning.hash:
+                keep = _overlaps(key_group_range(j, maxp, old_p), mine)
+            elif seg.partitioning == Partitioning.broadcast:
+                keep = j == i
+            else:
+                keep = j % p == i
+            if keep:
+                out.append(seg)
+    return out
+
+
+def _operator_state(old: list[AckRow], blobs: dict[str, BlobRow], i: int, p: int, maxp: int, keyed: bool):
+    """Slices of operator state for new subtask ``i``: keyed state from every old subtask whose key-group range
+    overlaps (the subtask keeps its own key groups), the rest from the old subtasks that map to it."""
+    old_p = len(old)
+    mine = key_group_range(i, maxp, p)
+    out: list[RestoreState] = []
+    for a in old:
+        j = a.subtask_index
+        same = j == i if old_p == p else j % p == i
+        overlapping = keyed and _overlaps(key_group_range(j, maxp, old_p), mine)
+        if a.operator_blob_id and (same or overlapping):
+            # key groups only where the slice holds some of this subtask's keyed state
+            out.append(_state(a, blobs[a.operator_blob_id], mine[0], mine[1], overlapping))
+    return out
 
 
 def _plan(
@@ -135,51 +283,59 @@ def _plan(
     subtasks: list[SubtaskRestore] = []
     for v in job.graph["vertices"]:
         old = sorted(by_vertex.get(v["id"], []), key=lambda a: a.subtask_index)
-        old_p = len(old)
         p, maxp = v["parallelism"], v["max_parallelism"]
+        rescaled = bool(old) and len(old) != p
+        positions = [
+            SourcePosition(from_subtask=a.subtask_index, offsets=a.source_offsets) for a in old if a.source_offsets
+        ]
         for i in range(p):
-            kg_start, kg_end = key_group_range(maxp, p, i)
+            kg_start, kg_end = key_group_range(i, maxp, p)
             sub = SubtaskRestore(
-                vertex=v["id"], subtask_index=i, key_group_start=kg_start, key_group_end=kg_end
+                vertex=v["id"],
+                subtask_index=i,
+                key_group_start=kg_start,
+                key_group_end=kg_end,
+                operator_state=_operator_state(old, blobs, i, p, maxp, bool(v.get("keyed"))),
+                input_channel_state=_input_segments(old, i, p, maxp),
+                source_positions=positions if rescaled else [],
             )
-            if v.get("keyed") and old_p and old_p != p:
-                owners = [a for a in old if a.key_group_start is not None and a.key_group_end is not None]
-                mine = [a for a in owners if a.key_group_start <= kg_end and a.key_group_end >= kg_start]
-                sources = [a for a in old if a.subtask_index % p == i]
-            else:
-                mine = [a for a in old if a.subtask_index % p == i]
-                sources = mine
-            for a in mine:
-                if a.operator_blob_id:
-                    sub.operator_state.append(
-                        _state(a, blobs[a.operator_blob_id], kg_start, kg_end, v.get("keyed", False))
-                    )
-            offsets: dict = {}
-            rescaled = bool(old_p) and old_p != p
-            for a in sources:
-                sub.output_channel_state += _segments(a, "output")
-                sub.input_channel_state += [
-                    seg for seg in _segments(a, "input") if not (rescaled and seg.partitioning == Partitioning.hash)
-                ]
-                if a.source_offsets:
-                    offsets.update(a.source_offsets)
-            if rescaled:
-                # Records of hash edges belong to key groups, not to old subtasks: every new subtask gets every
-                # old hash-partitioned input segment and keeps the records of its own key groups.
-                for a in old:
-                    sub.input_channel_state += [
-                        seg for seg in _segments(a, "input") if seg.partitioning == Partitioning.hash
-                    ]
-            sub.source_offsets = offsets or None
+            for a in old:
+                if (a.subtask_index % p if rescaled else a.subtask_index) == i:
+                    sub.output_channel_state += _segments(a, "output")
+                if a.subtask_index == i:
+                    sub.source_offsets = a.source_offsets
             subtasks.append(sub)
     return RestorePlan(
         job_id=job.id,
         checkpoint_id=cp.id,
         is_savepoint=cp.is_savepoint,
-        requested=requested,
+        **_requested(requested),
         fallbacks=fallbacks,
+        rescaled=_rescaled(job, by_vertex),
         subtasks=subtasks,
     )
+
+
+def _rescaled(job: JobRow, by_vertex: dict[str, list[AckRow]]) -> list[VertexRescale]:
+    out = []
+    for v in job.graph["vertices"]:
+        old = by_vertex.get(v["id"], [])
+        if not old or len(old) == v["parallelism"]:
+            continue
+        moved = sum(seg["length"] for a in old for seg in a.segments if seg["direction"] == "input")
+        moved += sum(
+            seg["length"]
+            for acks in by_vertex.values()
+            for a in acks
+            for seg in a.segments
+            if seg["direction"] == "output" and seg.get("peer_vertex") == v["id"]
+        )
+        out.append(
+            VertexRescale(
+                vertex=v["id"], old_parallelism=len(old), new_parallelism=v["parallelism"], channel_state_bytes=moved
+            )
+        )
+    return out
 
 
 def _state(a: AckRow, blob: BlobRow, kg_start: int, kg_end: int, keyed: bool) -> RestoreState:

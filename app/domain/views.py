@@ -5,14 +5,17 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db.models import AckRow, BlobRow, CheckpointRow, JobRow
+from app.db.models import AckRow, AttemptRow, BlobRow, CheckpointRow, EventRow, JobRow
 from app.domain.checkpoints import checkpoint_type, get_checkpoint_or_404
 from app.domain.context import get_job_or_404
-from app.domain.lifecycle import ABORTED, COMPLETED, PENDING
-from client.models import (
+from app.domain.lifecycle import ABORTED, COMPLETED, PENDING, AbortReason
+from contract.events import AttemptStarted
+from contract.models import (
+    AttemptInfo,
+    AttemptPage,
     BlobRef,
     ChannelSegment,
     ChannelStateEntry,
@@ -33,11 +36,28 @@ from client.models import (
     LatestCheckpoints,
     MinMaxAvg,
     SubtaskStats,
+    VertexCheckpointSummary,
 )
+
+INTERRUPTED = [r.value for r in AbortReason if not r.counts_as_failure]
+"""Abort reasons that are not failures of the checkpoint: the job ended, a new attempt, a newer checkpoint."""
+
+
+def abort_reason(failure_reason: str | None) -> str | None:
+    """The reason code an aborted checkpoint's failure_reason starts with ('job_ended: ...'), if it is one."""
+    if not failure_reason:
+        return None
+    code = failure_reason.split(":", 1)[0].strip()
+    return code if code in AbortReason._value2member_map_ else None
+
+
+def _is_interrupted():
+    return or_(*(CheckpointRow.failure_reason.like(f"{code}%") for code in INTERRUPTED))
 
 
 async def _counts(s: AsyncSession, job_ids: list[int]) -> dict[int, dict[str, int]]:
-    out: dict[int, dict[str, int]] = defaultdict(lambda: {PENDING: 0, COMPLETED: 0, ABORTED: 0})
+    """Checkpoints per job by status, and 'interrupted': the aborted ones that were not failures."""
+    out: dict[int, dict[str, int]] = defaultdict(lambda: {PENDING: 0, COMPLETED: 0, ABORTED: 0, "interrupted": 0})
     if not job_ids:
         return out
     rows = await s.execute(
@@ -47,6 +67,13 @@ async def _counts(s: AsyncSession, job_ids: list[int]) -> dict[int, dict[str, in
     )
     for job_id, status, n in rows:
         out[job_id][status] = n
+    interrupted = await s.execute(
+        select(CheckpointRow.job_id, func.count())
+        .where(CheckpointRow.job_id.in_(job_ids), CheckpointRow.status == ABORTED, _is_interrupted())
+        .group_by(CheckpointRow.job_id)
+    )
+    for job_id, n in interrupted:
+        out[job_id]["interrupted"] = n
     return out
 
 
@@ -69,6 +96,9 @@ def job_model(job: JobRow, counts: dict[str, int]) -> Job:
         num_completed=counts.get(COMPLETED, 0),
         num_failed=counts.get(ABORTED, 0),
         num_in_progress=counts.get(PENDING, 0),
+        num_interrupted=counts.get("interrupted", 0),
+        scheduler_error=job.scheduler_error,
+        running_at=job.running_at,
     )
 
 
@@ -123,6 +153,8 @@ def checkpoint_model(cp: CheckpointRow) -> Checkpoint:
         num_subtasks=cp.num_subtasks,
         num_acknowledged_subtasks=cp.num_acked,
         failure_reason=cp.failure_reason,
+        failure_timestamp=cp.completed_ts if cp.status == ABORTED else None,
+        abort_reason=abort_reason(cp.failure_reason) if cp.status == ABORTED else None,
         discarded=cp.discarded,
         stop_job=cp.stop_job,
         details={k: v for k, v in cp.details.items() if k != "digest"} if cp.details else None,
@@ -169,7 +201,7 @@ async def checkpoint_detail(s: AsyncSession, job_id: int, checkpoint_id: int) ->
         f"{v['id']}[{i}]"
         for v in job.graph["vertices"]
         for i in range(v["parallelism"])
-        if (v["id"], i) not in acked and cp.attempt == (job.current_attempt or cp.attempt)
+        if (v["id"], i) not in acked and cp.status == PENDING and cp.attempt == (job.current_attempt or cp.attempt)
     ]
     subtasks = [
         SubtaskStats(
@@ -191,12 +223,52 @@ async def checkpoint_detail(s: AsyncSession, job_id: int, checkpoint_id: int) ->
         )
         for a in acks
     ]
-    return CheckpointDetail(**checkpoint_model(cp).model_dump(), subtasks=subtasks, pending_subtasks=pending)
+    return CheckpointDetail(
+        **checkpoint_model(cp).model_dump(),
+        subtasks=subtasks,
+        pending_subtasks=pending,
+        vertices=vertex_summaries(job.graph, subtasks),
+    )
+
+
+_SUMMED = (
+    "end_to_end_duration",
+    "state_size",
+    "sync_duration",
+    "async_duration",
+    "alignment_duration",
+    "start_delay",
+    "processed_data",
+    "persisted_data",
+)
+
+
+def vertex_summaries(graph: dict, subtasks: list[SubtaskStats]) -> list[VertexCheckpointSummary]:
+    """Per vertex (graph order, then any vertex only the acks name): min/avg/max of each figure across subtasks."""
+    by_vertex: dict[str, list[SubtaskStats]] = defaultdict(list)
+    for st in subtasks:
+        by_vertex[st.vertex].append(st)
+    parallelism = {v["id"]: v["parallelism"] for v in graph.get("vertices", [])}
+    order = list(parallelism) + [v for v in by_vertex if v not in parallelism]
+    out = []
+    for vertex in order:
+        acked = by_vertex.get(vertex, [])
+        out.append(
+            VertexCheckpointSummary(
+                vertex=vertex,
+                parallelism=parallelism.get(vertex, len(acked)),
+                num_acknowledged_subtasks=len(acked),
+                num_unaligned=sum(1 for a in acked if a.unaligned),
+                latest_ack_timestamp=max((a.ack_timestamp for a in acked), default=None),
+                **{field: summarize([getattr(a, field) for a in acked]) for field in _SUMMED},
+            )
+        )
+    return out
 
 
 async def channel_state_manifest(s: AsyncSession, job_id: int, checkpoint_id: int) -> ChannelStateManifest:
-    await get_job_or_404(s, job_id)
-    await get_checkpoint_or_404(s, job_id, checkpoint_id)
+    job = await get_job_or_404(s, job_id)
+    cp = await get_checkpoint_or_404(s, job_id, checkpoint_id)
     acks = (
         await s.execute(
             select(AckRow)
@@ -217,7 +289,34 @@ async def channel_state_manifest(s: AsyncSession, job_id: int, checkpoint_id: in
         )
         for a in acks
     ]
-    return ChannelStateManifest(job_id=job_id, checkpoint_id=checkpoint_id, entries=entries)
+    manifest = ChannelStateManifest(job_id=job_id, checkpoint_id=checkpoint_id, entries=entries)
+    if cp.status == ABORTED:
+        manifest.deleted, manifest.deleted_reason, manifest.deleted_at = True, "aborted", cp.completed_ts
+    elif cp.discarded:
+        manifest.deleted, manifest.deleted_reason = True, "retention"
+        manifest.deleted_at = await _discarded_at(s, job, cp)
+    return manifest
+
+
+async def _discarded_at(s: AsyncSession, job: JobRow, cp: CheckpointRow) -> int | None:
+    """When retention collected a checkpoint: the completion of the checkpoint that left it outside the newest
+    `retained` completed ones (the rule of `apply_retention`, which keeps no time of its own)."""
+    retained = max(1, int(job.config.get("retained", 1)))
+    newer = (
+        await s.execute(
+            select(CheckpointRow.completed_ts)
+            .where(
+                CheckpointRow.job_id == job.id,
+                CheckpointRow.id > cp.id,
+                CheckpointRow.status == COMPLETED,
+                CheckpointRow.is_savepoint.is_(False),
+            )
+            .order_by(CheckpointRow.id)
+            .offset(retained - 1)
+            .limit(1)
+        )
+    ).scalar_one_or_none()
+    return newer
 
 
 def summarize(values: list[float]) -> MinMaxAvg:
@@ -290,6 +389,7 @@ async def statistics(s: AsyncSession, job_id: int, history_size: int = 10) -> Ch
             completed=counts.get(COMPLETED, 0),
             failed=counts.get(ABORTED, 0),
             savepoints=savepoints,
+            interrupted=counts.get("interrupted", 0),
         ),
         summary=summary,
         latest=LatestCheckpoints(
@@ -299,3 +399,65 @@ async def statistics(s: AsyncSession, job_id: int, history_size: int = 10) -> Ch
         ),
         history=[checkpoint_model(r) for r in history],
     )
+
+
+async def list_attempts(s: AsyncSession, job_id: int, limit: int, offset: int) -> AttemptPage:
+    """A job's attempts, newest first: what each restored (from the attempts table) and, from its
+    `attempt.started` event, the checkpoints its restore passed over and the vertices it rescaled."""
+    await get_job_or_404(s, job_id)
+    total = (
+        await s.execute(select(func.count()).select_from(AttemptRow).where(AttemptRow.job_id == job_id))
+    ).scalar_one()
+    rows = list(
+        (
+            await s.execute(
+                select(AttemptRow)
+                .where(AttemptRow.job_id == job_id)
+                .order_by(AttemptRow.number.desc())
+                .limit(limit)
+                .offset(offset)
+            )
+        ).scalars()
+    )
+    started: dict[int, AttemptStarted] = {}
+    if rows:
+        events = await s.execute(
+            select(EventRow.data).where(
+                EventRow.job_id == job_id,
+                EventRow.type == AttemptStarted.type.value,
+                EventRow.ts >= min(r.started_at for r in rows),
+            )
+        )
+        for (data,) in events:
+            payload = AttemptStarted.model_validate(data)
+            started[payload.attempt] = payload
+    restored = {r.restored_checkpoint_id for r in rows if r.restored_checkpoint_id is not None}
+    savepoints: set[int] = set()
+    if restored:
+        savepoints = set(
+            (
+                await s.execute(
+                    select(CheckpointRow.id).where(
+                        CheckpointRow.job_id == job_id,
+                        CheckpointRow.id.in_(restored),
+                        CheckpointRow.is_savepoint.is_(True),
+                    )
+                )
+            ).scalars()
+        )
+    items = []
+    for r in rows:
+        event = started.get(r.number)
+        items.append(
+            AttemptInfo(
+                attempt=r.number,
+                started_at=r.started_at,
+                ended_at=r.ended_at,
+                restored_checkpoint_id=r.restored_checkpoint_id,
+                restored_is_savepoint=r.restored_checkpoint_id in savepoints,
+                fallbacks=event.fallbacks if event else [],
+                rescaled=event.rescaled if event else [],
+                recorded=event is not None,
+            )
+        )
+    return AttemptPage(items=items, total=total)

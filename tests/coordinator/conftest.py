@@ -131,6 +131,17 @@ async def api(request, tmp_path):
         yield a
 
 
+@pytest.fixture(params=["file-sqlite", "s3-sqlite", "file-postgres"])
+async def store_api(request, tmp_path):
+    """The coordinator with its blob store on a shared directory (file://) and on an S3 server (s3://, through
+    s3fs), on SQLite, and the file store on PostgreSQL: subtasks write their state into it themselves."""
+    store, db = request.param.split("-")
+    url = request.getfixturevalue("pg_url") if db == "postgres" else None
+    extra = {"blob_url": request.getfixturevalue("s3_bucket")} if store == "s3" else {}
+    async for a in _serve(_settings(tmp_path, url, **extra), request.param):
+        yield a
+
+
 @pytest.fixture
 async def sqlite_api(tmp_path):
     async for a in _serve(_settings(tmp_path, None), "sqlite"):

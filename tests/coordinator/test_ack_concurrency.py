@@ -47,3 +47,35 @@ async def test_malformed_acks_on_the_fast_path_get_the_error_shape(api):
     r = await api.client.post("/api/v1/jobs/999/checkpoints/1/acks", json={"attempt": 1, "vertex": "src", "subtask_index": 0})
     assert r.status_code == 404
     assert (await api.checkpoint(job["id"], 1))["num_acknowledged_subtasks"] == 0
+
+
+async def test_a_group_commit_locks_its_jobs_in_one_global_order(sqlite_api):
+    """Two replicas' batches can then never wait for each other in a cycle (no deadlock)."""
+    import asyncio
+
+    from sqlalchemy import event
+
+    from app.domain.acks import _Item, ack_hash
+    from contract.models import SubtaskAck
+
+    jobs = [await sqlite_api.job() for _ in range(3)]
+    for job in jobs:
+        await sqlite_api.trigger(job["id"])
+    locked: list[int] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("SELECT JOBS.CURRENT_ATTEMPT"):
+            locked.append(parameters[-1] if isinstance(parameters, tuple) else parameters["b_job"])  # WHERE jobs.id = ?
+
+    engine = sqlite_api.ctx.db.engine.sync_engine
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        loop = asyncio.get_running_loop()
+        batch = []
+        for job in reversed(jobs):  # arriving in the opposite order
+            ack = SubtaskAck(attempt=1, vertex="src", subtask_index=0)
+            batch.append(_Item(job["id"], 1, ack, ack_hash(ack), None, loop.create_future()))
+        await sqlite_api.app.state.committer._apply_retrying(batch)
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert locked == sorted(j["id"] for j in jobs)

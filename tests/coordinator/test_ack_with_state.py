@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+import pytest
+
 from tests.coordinator.test_blobs import _count_blobs, _stored_files
 
 
@@ -92,7 +94,7 @@ async def test_bad_reports_are_4xx_that_say_what_is_wrong_and_store_nothing(api)
         # a part the report does not declare
         (dict(files={"operator_state": ("o", op, "application/octet-stream")}), 422, "does not declare"),
         # segments past the channel blob
-        (dict(channel=b"abc", channel_segments=[segment(10)]), 422, "past the channel-state blob"),
+        (dict(channel=b"abc", channel_segments=[segment(10)]), 422, "past the channel state's size"),
         # an unknown vertex, a subtask out of range
         (dict(operator=op, vertex_override="nope"), 404, "no vertex 'nope'"),
         (dict(operator=op, index_override=9), 404, "no subtask agg[9]"),
@@ -134,3 +136,46 @@ async def test_a_report_after_the_checkpoint_was_aborted_is_409_and_stores_nothi
     late = await report(api, job["id"], 1, "agg", 0, operator=b"late")
     assert late.status_code == 409 and "aborted" in late.json()["error"]["message"]
     assert await _count_blobs(api) == 0 and _stored_files(api) == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"not multipart at all", b"--b\r\nContent-Disposition: form-data; name=\"ack\"\r\n\r\n{}"],
+)
+async def test_a_malformed_multipart_body_is_422_invalid_not_an_http_error(api, body):
+    job = await api.job()
+    await api.trigger(job["id"])
+    r = await api.client.post(
+        f"/api/v1/jobs/{job['id']}/checkpoints/1/acks/with-state",
+        content=body,
+        headers={"Content-Type": "multipart/form-data; boundary=b"},
+    )
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid", r.text
+    assert await _count_blobs(api) == 0
+
+
+async def test_a_blob_part_is_refused_as_soon_as_it_passes_the_blob_limit(make_api):
+    async with make_api(max_blob_size=4096) as api:
+        job = await api.job()
+        await api.trigger(job["id"])
+        sent = {"chunks": 0}
+        report_json = json.dumps(
+            {"attempt": 1, "vertex": "agg", "subtask_index": 0, "operator_state": {"sha256": "0" * 64, "size": 10**9}}
+        ).encode()
+
+        async def body():
+            yield b"--b\r\nContent-Disposition: form-data; name=\"ack\"\r\nContent-Type: application/json\r\n\r\n"
+            yield report_json
+            yield b"\r\n--b\r\nContent-Disposition: form-data; name=\"operator_state\"; filename=\"o\"\r\n\r\n"
+            for _ in range(10_000):
+                sent["chunks"] += 1
+                yield b"x" * 1024
+
+        r = await api.client.post(
+            f"/api/v1/jobs/{job['id']}/checkpoints/1/acks/with-state",
+            content=body(),
+            headers={"Content-Type": "multipart/form-data; boundary=b"},
+        )
+        assert r.status_code == 413 and "4096" in r.json()["error"]["message"]
+        assert sent["chunks"] < 100
+        assert await _count_blobs(api) == 0

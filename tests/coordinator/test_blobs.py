@@ -169,7 +169,7 @@ async def test_an_ack_must_reference_its_own_verified_blob(api):
         "record_count": 1,
     }
     r = await api.ack(job["id"], 1, "agg", 0, channel_state=ref, channel_segments=[seg])
-    assert r.status_code == 422 and "past the channel-state blob" in r.json()["error"]["message"]
+    assert r.status_code == 422 and "past the channel state's size" in r.json()["error"]["message"]
     r = await api.ack(job["id"], 1, "agg", 0, operator_state=ref)
     assert r.status_code == 422  # uploaded as channel state, not operator state
     ok = await api.ack(job["id"], 1, "agg", 0, channel_state=ref)

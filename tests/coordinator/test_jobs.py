@@ -102,6 +102,19 @@ async def test_starting_an_attempt_returns_number_token_and_fresh_plan(api):
     assert (await api.client.get(f"/api/v1/jobs/{job['id']}")).json()["status"] == "RUNNING"
 
 
+async def test_an_attempt_says_why_it_started_on_the_job_and_in_its_event(api):
+    job = await api.job()
+    why = "restart 1 after: job 1 attempt 1: the Spark barrier stage failed: executor lost"
+    r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"reason": why})
+    assert r.status_code == 201, r.text
+    assert (await api.client.get(f"/api/v1/jobs/{job['id']}")).json()["status_message"] == why
+    events = (await api.client.get(f"/api/v1/jobs/{job['id']}/events/history")).json()
+    started = [e["data"] for e in events if e["type"] == "attempt.started"]
+    assert started[-1]["attempt"] == 2 and started[-1]["reason"] == why
+    too_long = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"reason": "x" * 2001})
+    assert too_long.status_code == 422
+
+
 async def test_a_new_attempt_aborts_pending_checkpoints_of_the_older_one(api):
     job = await api.job()
     cp = (await api.trigger(job["id"])).json()

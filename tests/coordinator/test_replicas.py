@@ -130,3 +130,46 @@ def test_events_published_on_one_replica_reach_a_stream_on_the_other(replicas):
     t.join(20)
     assert [e["type"] for e in received] == ["checkpoint.triggered"] * 3
     assert [e["data"]["checkpoint_id"] for e in received] == [1, 2, 3]
+
+
+def test_concurrent_triggers_and_acks_for_many_jobs_on_two_replicas_never_fail_and_complete_each_checkpoint_once(
+    replicas,
+):
+    a, b = replicas
+    jobs = [_job(a.url, 4, max_concurrent=1000, timeout=600_000) for _ in range(12)]
+    rounds = 4
+    rng = random.Random(11)
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def post(url: str, path: str, body: dict) -> httpx.Response:
+        r = httpx.post(url + path, json=body, timeout=60)
+        with lock:
+            statuses.append(r.status_code)
+        return r
+
+    def trigger(job: dict) -> tuple[dict, int]:
+        r = post(rng.choice([a.url, b.url]), f"/api/v1/jobs/{job['id']}/checkpoints", {})
+        return job, r.json()["id"]
+
+    def ack(item) -> None:
+        url, job, cp, i = item
+        body = {"attempt": 1, "vertex": "src", "subtask_index": i}
+        post(url, f"/api/v1/jobs/{job['id']}/checkpoints/{cp}/acks", body)
+
+    with ThreadPoolExecutor(24) as pool:
+        for _ in range(rounds):
+            triggered = list(pool.map(trigger, jobs))
+            # every subtask's ack goes to both replicas, all jobs mixed, so each replica's group commit locks
+            # several jobs in one transaction while the other does the same
+            sends = [(url, job, cp, i) for job, cp in triggered for i in range(4) for url in (a.url, b.url)]
+            rng.shuffle(sends)
+            list(pool.map(ack, sends))
+    assert [s for s in statuses if s >= 500] == []
+    assert all(s in (200, 201) for s in statuses), sorted(set(statuses))
+    for job in jobs:
+        page = httpx.get(f"{a.url}/api/v1/jobs/{job['id']}/checkpoints", params={"limit": 100}).json()
+        assert [c["status"] for c in page["items"]] == ["COMPLETED"] * rounds
+        events = httpx.get(f"{b.url}/api/v1/jobs/{job['id']}/events/history").json()
+        completed = [e["data"]["checkpoint_id"] for e in events if e["type"] == "checkpoint.completed"]
+        assert sorted(completed) == list(range(1, rounds + 1))

@@ -3,7 +3,7 @@ source offsets; verified blobs with fallback to the previous completed checkpoin
 
 from __future__ import annotations
 
-from app.blobstore import blob_key
+from app.blobstore import upload_key
 
 
 async def _complete_with_state(api, job, tag: str, savepoint=False) -> tuple[int, dict]:
@@ -75,30 +75,54 @@ async def test_new_attempt_restores_the_named_checkpoint(api):
     job = await api.job(retained=3)
     first, _ = await _complete_with_state(api, job, "one")
     await _complete_with_state(api, job, "two")
-    r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"restore_from": first})
+    r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"restore_from_checkpoint": first})
     assert r.status_code == 201
     assert r.json()["restore_plan"]["checkpoint_id"] == first
-    fresh = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"restore_from": None})
+    fresh = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"restore_latest": False})
     assert fresh.json()["restore_plan"]["checkpoint_id"] is None
 
 
-async def test_a_corrupt_blob_makes_the_plan_fall_back_and_say_why(api):
+async def test_a_blob_cut_short_makes_the_plan_fall_back_and_say_why(api):
     job = await api.job(retained=3)
     older, _ = await _complete_with_state(api, job, "one")
     newer, blobs = await _complete_with_state(api, job, "two")
-    path = api.ctx.store._path(blob_key(job["id"], blobs[1][1]["blob_id"]))
-    path.write_bytes(b"flipped bits")
+    path = api.ctx.store._path(upload_key(job["id"], newer, blobs[1][1]["blob_id"]))
+    path.write_bytes(b"cut short")
     plan = (await api.client.get(f"/api/v1/jobs/{job['id']}/restore-plan")).json()
     assert plan["checkpoint_id"] == older
     assert plan["fallbacks"][0]["checkpoint_id"] == newer
-    assert "corrupt" in plan["fallbacks"][0]["reason"] and "agg[1]" in plan["fallbacks"][0]["reason"]
+    reason = plan["fallbacks"][0]["reason"]
+    assert blobs[1][1]["blob_id"] in reason and "agg[1]" in reason and "cut" in reason
+
+
+async def test_with_sha256_verification_flipped_bits_make_the_plan_fall_back(make_api):
+    async with make_api(verify_blobs_on_restore="sha256") as api:
+        job = await api.job(retained=3)
+        older, _ = await _complete_with_state(api, job, "one")
+        newer, blobs = await _complete_with_state(api, job, "two")
+        path = api.ctx.store._path(upload_key(job["id"], newer, blobs[1][1]["blob_id"]))
+        path.write_bytes(bytes(b ^ 1 for b in path.read_bytes()))  # same size, other bytes
+        plan = (await api.client.get(f"/api/v1/jobs/{job['id']}/restore-plan")).json()
+        assert plan["checkpoint_id"] == older
+        assert plan["fallbacks"][0]["checkpoint_id"] == newer
+        assert "corrupt" in plan["fallbacks"][0]["reason"] and "agg[1]" in plan["fallbacks"][0]["reason"]
+
+
+async def test_stat_verification_reads_no_bytes_so_flipped_bits_are_left_to_the_subtask(api):
+    job = await api.job(retained=3)
+    await _complete_with_state(api, job, "one")
+    newer, blobs = await _complete_with_state(api, job, "two")
+    path = api.ctx.store._path(upload_key(job["id"], newer, blobs[1][1]["blob_id"]))
+    path.write_bytes(bytes(b ^ 1 for b in path.read_bytes()))
+    plan = (await api.client.get(f"/api/v1/jobs/{job['id']}/restore-plan")).json()
+    assert plan["checkpoint_id"] == newer and plan["fallbacks"] == []  # the subtask's read finds it and reports it
 
 
 async def test_a_missing_blob_makes_the_plan_fall_back(api):
     job = await api.job(retained=3)
     older, _ = await _complete_with_state(api, job, "one")
     newer, blobs = await _complete_with_state(api, job, "two")
-    api.ctx.store._path(blob_key(job["id"], blobs[0][0]["blob_id"])).unlink()
+    api.ctx.store._path(upload_key(job["id"], newer, blobs[0][0]["blob_id"])).unlink()
     attempt = (await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={})).json()
     assert attempt["restore_plan"]["checkpoint_id"] == older
     assert "missing" in attempt["restore_plan"]["fallbacks"][0]["reason"]
@@ -126,27 +150,37 @@ async def test_restore_refuses_unknown_and_aborted_checkpoints(api):
     )
     r = await api.client.get(f"/api/v1/jobs/{job['id']}/restore-plan", params={"checkpoint_id": 1})
     assert r.status_code == 409 and "ABORTED" in r.json()["error"]["message"]
-    r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"restore_from": 42})
+    r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"restore_from_checkpoint": 42})
     assert r.status_code == 404
     assert (await api.client.get(f"/api/v1/jobs/{job['id']}")).json()["current_attempt"] == 1
 
 
-async def test_rescaling_splits_keyed_state_by_key_group_and_gives_hash_input_to_every_new_subtask(api):
+async def test_rescaling_splits_keyed_and_hash_input_state_by_key_group(api):
     job = await api.job(retained=3)
     # _complete_with_state marks its input segments with the hash partitioning of the src -> agg edge
     cp, blobs = await _complete_with_state(api, job, "one")
     r = await api.client.post(
-        f"/api/v1/jobs/{job['id']}/attempts", json={"restore_from": cp, "parallelism": {"agg": 4}}
+        f"/api/v1/jobs/{job['id']}/attempts", json={"restore_from_checkpoint": cp, "parallelism": {"agg": 4}}
     )
     assert r.status_code == 201, r.text
     plan = r.json()["restore_plan"]
     agg = [s for s in plan["subtasks"] if s["vertex"] == "agg"]
     assert [(s["key_group_start"], s["key_group_end"]) for s in agg] == [(0, 3), (4, 7), (8, 11), (12, 15)]
-    # old agg[0] owned key groups 0-7, old agg[1] 8-15: new agg[1] (4-7) reads only old agg[0]'s state, for 4-7
-    assert [(x["from_subtask"], x["key_group_start"], x["key_group_end"]) for x in agg[1]["operator_state"]] == [(0, 4, 7)]
-    assert [(x["from_subtask"], x["key_group_start"], x["key_group_end"]) for x in agg[2]["operator_state"]] == [(1, 8, 11)]
-    for s in agg:
-        assert sorted(seg["from_subtask"] for seg in s["input_channel_state"]) == [0, 1]
+    # old agg[0] owned key groups 0-7, old agg[1] 8-15: new agg[1] (4-7) reads old agg[0]'s keyed state for 4-7,
+    # and old agg[1]'s non-keyed state (old subtask j goes to j mod 4), which holds none of its key groups
+    slices = [(x["from_subtask"], x["key_group_start"], x["key_group_end"]) for x in agg[1]["operator_state"]]
+    assert slices == [(0, 4, 7), (1, None, None)]
+    slices = [(x["from_subtask"], x["key_group_start"], x["key_group_end"]) for x in agg[2]["operator_state"]]
+    assert slices == [(1, 8, 11)]
+    # input state of the hash edge: from the old subtasks whose key groups overlap, saying which those were
+    for s, old in zip(agg, (0, 0, 1, 1), strict=True):
+        segments = s["input_channel_state"]
+        assert {seg["from_subtask"] for seg in segments} == {old}
+        assert {(seg["key_group_start"], seg["key_group_end"]) for seg in segments} == {(0, 7) if old == 0 else (8, 15)}
+    assert plan["rescaled"] == [
+        {"vertex": "agg", "old_parallelism": 2, "new_parallelism": 4, "channel_state_bytes": plan["rescaled"][0]["channel_state_bytes"]}
+    ]
+    assert plan["rescaled"][0]["channel_state_bytes"] > 0
     job_now = (await api.client.get(f"/api/v1/jobs/{job['id']}")).json()
     assert {v["id"]: v["parallelism"] for v in job_now["graph"]["vertices"]} == {"src": 2, "agg": 4}
     new_cp = (await api.trigger(job["id"])).json()

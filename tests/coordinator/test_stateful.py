@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from sqlalchemy import func, select
 
-from app.blobstore import blob_key
+from app.blobstore import upload_key
 from app.db.models import AckRow
 from app.domain.context import now_ms
 from app.main import create_app
@@ -205,7 +205,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         for cp_id, blob_id in self.blobs.items():
             c = cps[cp_id]
             if c["status"] == "COMPLETED" and not c["discarded"]:
-                key = blob_key(self.job, blob_id)
+                key = upload_key(self.job, cp_id, blob_id)
                 size = self.loop.run_until_complete(self.app.state.ctx.store.size(key))
                 assert size is not None, f"blob of retained checkpoint {cp_id} was deleted"
 

@@ -33,7 +33,9 @@ async def test_statistics_summarize_completed_checkpoints_with_flinks_fields(api
     )
     await api.client.post(f"/api/v1/jobs/{job['id']}/savepoints", json={})
     stats = (await api.client.get(f"/api/v1/jobs/{job['id']}/checkpoints/stats")).json()
-    assert stats["counts"] == {"total": 7, "in_progress": 1, "completed": 5, "failed": 1, "savepoints": 1}
+    assert stats["counts"] == {
+        "total": 7, "in_progress": 1, "completed": 5, "failed": 1, "savepoints": 1, "interrupted": 0
+    }
     s = stats["summary"]
     assert s["persisted_data"]["min"] == 20 and s["persisted_data"]["max"] == 100
     assert s["persisted_data"]["avg"] == sum(sizes) / 5 and s["persisted_data"]["p50"] == 60

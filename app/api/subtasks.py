@@ -1,4 +1,5 @@
-"""Routes the subtasks use: blob uploads and downloads, acks (single and batch), declines, the event stream."""
+"""Routes a job's subtasks use besides acks (those are in `app/api/acks.py`): blob uploads and downloads, reports
+of corrupt blobs, declines, the event stream and its history."""
 
 from __future__ import annotations
 
@@ -9,22 +10,26 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 from sse_starlette.sse import EventSourceResponse
 
-from app.api.deps import TASK, CheckpointId, CtxDep, JobId
-from app.blobstore import blob_key
+from app.api.deps import TASK, BlobId, CheckpointId, CtxDep, JobId, Offset
 from app.domain import blobs, views
 from app.domain.checkpoints import decline as decline_checkpoint
 from app.domain.context import get_job_or_404, now_ms
 from app.errors import Invalid, TooLarge
 from app.events import follow, read_log, to_sse
-from client.models import (
+from contract.models import (
+    MAX_ATTEMPT,
+    MAX_ID,
+    MAX_PARALLELISM,
+    NAME_PATTERN,
     NAME_RE,
     BlobInfo,
     Checkpoint,
+    CorruptBlob,
     Decline,
     Event,
 )
 
-router = APIRouter(prefix="/api/v1/jobs/{job_id}", tags=["tasks"])
+router = APIRouter(prefix="/api/v1/jobs/{job_id}", tags=["subtasks"])
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -46,11 +51,13 @@ async def upload_blob(
     checkpoint_id: CheckpointId,
     request: Request,
     ctx: CtxDep,
-    attempt: Annotated[int, Query(ge=1)],
-    vertex: Annotated[str, Query(min_length=1, max_length=128)],
-    subtask_index: Annotated[int, Query(ge=0)],
+    attempt: Annotated[int, Query(ge=1, le=MAX_ATTEMPT)],
+    vertex: Annotated[str, Query(pattern=NAME_PATTERN)],
+    subtask_index: Annotated[int, Query(ge=0, lt=MAX_PARALLELISM)],
     kind: Literal["operator", "channel"],
-    x_overtake_sha256: Annotated[str, Header(description="Hex sha256 of the body; verified before storing.")],
+    x_overtake_sha256: Annotated[
+        str, Header(pattern=r"^[0-9a-fA-F]{64}$", description="Hex sha256 of the body; verified before storing.")
+    ],
     response: Response,
 ) -> BlobInfo:
     """Upload a subtask's operator or channel state as a streamed body. Stored only if its sha256 matches."""
@@ -80,7 +87,7 @@ async def upload_blob(
 )
 async def download_blob(
     job_id: JobId,
-    blob_id: str,
+    blob_id: BlobId,
     ctx: CtxDep,
     range_: Annotated[str | None, Header(alias="range")] = None,
 ) -> StreamingResponse:
@@ -96,7 +103,8 @@ async def download_blob(
     }
     if rng:
         headers["Content-Range"] = f"bytes {start}-{end}/{row.size}"
-    body = ctx.store.read_range(blob_key(job_id, blob_id), start, end) if row.size else _empty()
+    key, offset = blobs.object_of(row)
+    body = ctx.store.read_range(key, offset + start, offset + end) if row.size else _empty()
     return StreamingResponse(
         body, status_code=206 if rng else 200, headers=headers, media_type="application/octet-stream"
     )
@@ -105,6 +113,14 @@ async def download_blob(
 async def _empty():
     if False:
         yield b""
+
+
+@router.post("/blobs/{blob_id}/corrupt", dependencies=TASK, response_model=BlobInfo)
+async def report_corrupt_blob(job_id: JobId, blob_id: BlobId, body: CorruptBlob, ctx: CtxDep) -> BlobInfo:
+    """A restoring subtask of the current attempt read the blob and its bytes do not match its sha256: the blob is
+    marked corrupt, and the next restore plan falls back past its checkpoint, naming the blob and the reporter.
+    Idempotent (a blob stays marked as it was first reported)."""
+    return await blobs.mark_corrupt(ctx, job_id, blob_id, body)
 
 
 @router.post("/checkpoints/{checkpoint_id}/declines", dependencies=TASK, response_model=Checkpoint)
@@ -119,13 +135,13 @@ async def decline(job_id: JobId, checkpoint_id: CheckpointId, body: Decline, ctx
 async def event_history(
     job_id: JobId,
     ctx: CtxDep,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> list[Event]:
     """The job's events after `after`, oldest first (the polling form of the stream)."""
     async with ctx.tx(readonly=True) as s:
         await get_job_or_404(s, job_id)
-        return await read_log(s, job_id, after, limit)
+        return await read_log(s, job_id, after, limit, ctx.bus.namespace)
 
 
 @router.get(
@@ -143,7 +159,7 @@ async def events(
     job_id: JobId,
     request: Request,
     ctx: CtxDep,
-    after: Annotated[int | None, Query(ge=0)] = None,
+    after: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
     last_event_id: Annotated[str | None, Header(alias="last-event-id")] = None,
 ) -> EventSourceResponse:
     """The job's event stream (SSE). A reconnecting client sends Last-Event-ID and misses nothing."""
@@ -151,13 +167,14 @@ async def events(
         await get_job_or_404(s, job_id)
     start = after or 0
     if last_event_id:
-        if not last_event_id.strip().isdigit():
-            raise Invalid(f"Last-Event-ID {last_event_id!r} is not an event id (a number)")
-        start = int(last_event_id)
+        value = last_event_id.strip()
+        if not (value.isascii() and value.isdigit()) or int(value) > MAX_ID:
+            raise Invalid(f"Last-Event-ID {last_event_id!r} is not an event id (a number from 0 to {MAX_ID})")
+        start = int(value)
 
     async def read(since: int) -> list[Event]:
         async with ctx.tx(readonly=True) as s:
-            return await read_log(s, job_id, since)
+            return await read_log(s, job_id, since, deployment=ctx.bus.namespace)
 
     async def stream():
         async for e in follow(ctx.bus, read, job_id, start):

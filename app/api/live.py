@@ -1,0 +1,47 @@
+"""Routes for the live metrics of running subtasks: a subtask reports its latest figures, the UI reads them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request, Response
+
+from app.api.deps import TASK, CtxDep, JobId
+from app.domain import live_metrics
+from contract.models import MAX_ATTEMPT, MAX_PARALLELISM, NAME_PATTERN, JobLiveMetrics, SubtaskMetricsReport
+
+router = APIRouter(prefix="/api/v1/jobs/{job_id}", tags=["metrics"])
+
+
+def _store(request: Request) -> live_metrics.LiveMetricsStore:
+    return request.app.state.live_metrics
+
+
+@router.post(
+    "/attempts/{attempt}/subtasks/{vertex}/{subtask_index}/metrics",
+    status_code=204,
+    dependencies=TASK,
+    response_class=Response,
+)
+async def report_subtask_metrics(
+    job_id: JobId,
+    attempt: Annotated[int, Path(ge=1, le=MAX_ATTEMPT)],
+    vertex: Annotated[str, Path(pattern=NAME_PATTERN)],
+    subtask_index: Annotated[int, Path(ge=0, lt=MAX_PARALLELISM)],
+    body: SubtaskMetricsReport,
+    request: Request,
+    ctx: CtxDep,
+) -> Response:
+    """A running subtask's latest metrics (records/s, backpressure). Idempotent: only the newest report of each
+    subtask is kept, in the coordinator's memory; 409 when the attempt is no longer current or the job ended."""
+    async with ctx.tx(readonly=True) as s:
+        await live_metrics.report(s, _store(request), job_id, attempt, vertex, subtask_index, body)
+    return Response(status_code=204)
+
+
+@router.get("/metrics", dependencies=TASK, response_model=JobLiveMetrics)
+async def job_live_metrics(job_id: JobId, request: Request, ctx: CtxDep) -> JobLiveMetrics:
+    """Per vertex of the job's current attempt: records/s and backpressure from its subtasks' recent reports
+    (empty while nothing reported, and once the job ended)."""
+    async with ctx.tx(readonly=True) as s:
+        return await live_metrics.live_view(s, _store(request), job_id)

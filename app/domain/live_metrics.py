@@ -1,0 +1,147 @@
+"""Live metrics of running subtasks (records/s, backpressure): the latest report of each, kept in memory.
+
+A subtask reports what it measured over its last window about once a second. The coordinator keeps only the newest
+report of each subtask, by the subtask's own timestamp (a retried or late report never replaces a newer one), and
+only for the job's current attempt. Memory is bounded: one entry per subtask of the job's graph (reports of other
+subtasks are refused), at most ``max_jobs`` jobs (the one reported to least recently is forgotten first), and a
+report older than ``max_age`` is no longer shown. Nothing is written to the database: after a restart, or on
+another replica, the figures come back with the subtasks' next reports.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.domain import lifecycle
+from app.domain.checkpoints import check_subtask
+from app.domain.context import get_job_or_404, now_ms
+from app.errors import Conflict
+from contract.models import (
+    JobLiveMetrics,
+    SubtaskLiveMetrics,
+    SubtaskMetrics,
+    SubtaskMetricsReport,
+    VertexLiveMetrics,
+)
+
+MAX_AGE_MS = 10_000
+"""Metrics older than this are left out of the live view: their subtask stopped reporting."""
+
+
+@dataclass
+class _Entry:
+    timestamp: int
+    received_at: int
+    metrics: SubtaskMetrics
+
+
+class LiveMetricsStore:
+    """The newest metrics of each subtask of each job's current attempt."""
+
+    def __init__(self, max_jobs: int = 10_000, max_age_ms: int = MAX_AGE_MS) -> None:
+        self.max_jobs = max_jobs
+        self.max_age_ms = max_age_ms
+        self._jobs: OrderedDict[int, tuple[int, dict[tuple[str, int], _Entry]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def record(
+        self, job_id: int, attempt: int, vertex: str, index: int, report: SubtaskMetricsReport, now: int
+    ) -> bool:
+        """Keep the report unless a newer one of the subtask is kept; True when it was kept."""
+        with self._lock:
+            held = self._jobs.get(job_id)
+            if held is None or held[0] < attempt:
+                held = (attempt, {})
+            elif held[0] > attempt:
+                return False
+            self._jobs[job_id] = held
+            self._jobs.move_to_end(job_id)
+            while len(self._jobs) > self.max_jobs:
+                self._jobs.popitem(last=False)
+            entries = held[1]
+            old = entries.get((vertex, index))
+            if old is not None and old.timestamp > report.timestamp:
+                return False
+            entries[(vertex, index)] = _Entry(report.timestamp, now, report.metrics)
+            return True
+
+    def latest(self, job_id: int, attempt: int | None, now: int) -> dict[tuple[str, int], _Entry]:
+        """The recent entries of the attempt's subtasks."""
+        with self._lock:
+            held = self._jobs.get(job_id)
+            if held is None or held[0] != attempt:
+                return {}
+            return {k: e for k, e in held[1].items() if now - e.received_at <= self.max_age_ms}
+
+
+async def report(
+    s: AsyncSession,
+    store: LiveMetricsStore,
+    job_id: int,
+    attempt: int,
+    vertex: str,
+    index: int,
+    body: SubtaskMetricsReport,
+) -> None:
+    """Record a subtask's metrics: it must be a subtask of the job's current attempt, and the job must run."""
+    job = await get_job_or_404(s, job_id)
+    lifecycle.check_current_attempt(job, attempt, "this metrics report")
+    if job.status not in lifecycle.ACTIVE:
+        raise Conflict(f"job {job_id} is {job.status}; its subtasks no longer report metrics")
+    check_subtask(job, vertex, index)
+    store.record(job_id, attempt, vertex, index, body, now_ms())
+
+
+async def live_view(s: AsyncSession, store: LiveMetricsStore, job_id: int) -> JobLiveMetrics:
+    """Per vertex of the job, the sums and the backpressure of its subtasks' recent metrics."""
+    job = await get_job_or_404(s, job_id)
+    now = now_ms()
+    running = job.status in lifecycle.ACTIVE
+    entries = store.latest(job_id, job.current_attempt, now) if running else {}
+    vertices = []
+    for v in job.graph["vertices"]:
+        mine = sorted(((i, e) for (vid, i), e in entries.items() if vid == v["id"]), key=lambda x: x[0])
+        subtasks = [
+            SubtaskLiveMetrics(
+                vertex=v["id"], subtask_index=i, timestamp=e.timestamp, received_at=e.received_at, metrics=e.metrics
+            )
+            for i, e in mine
+        ]
+        vertices.append(
+            VertexLiveMetrics(
+                vertex=v["id"],
+                parallelism=v["parallelism"],
+                reporting=len(subtasks),
+                records_in_per_second=_sum(st.metrics.records_in_per_second for st in subtasks),
+                bytes_in_per_second=_sum(st.metrics.bytes_in_per_second for st in subtasks),
+                backpressure_max=_max(st.metrics.backpressure for st in subtasks),
+                backpressure_avg=_avg(st.metrics.backpressure for st in subtasks),
+                subtasks=subtasks,
+            )
+        )
+    return JobLiveMetrics(
+        job_id=job_id, attempt=job.current_attempt, now=now, max_age=store.max_age_ms, vertices=vertices
+    )
+
+
+def _known(values) -> list[float]:
+    return [v for v in values if v is not None]
+
+
+def _sum(values) -> float | None:
+    known = _known(values)
+    return sum(known) if known else None
+
+
+def _max(values) -> float | None:
+    known = _known(values)
+    return max(known) if known else None
+
+
+def _avg(values) -> float | None:
+    known = _known(values)
+    return sum(known) / len(known) if known else None

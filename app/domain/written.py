@@ -1,0 +1,133 @@
+"""State a subtask wrote straight into the blob store (protocol step 4): what an ack naming such an object must pass
+before the ack committer counts it, and the blob rows that record where its two parts lie.
+
+The checks run before the ack is submitted, concurrently for the acks of one request, off the event loop; the
+committer stays free of I/O. A key outside the checkpoint's prefix of the ack's own job is refused outright (and
+never looked up: the coordinator tells nobody whether another job's object exists). An object that is missing or
+has another size refuses the ack only while its checkpoint is pending: a retry of an ack recorded before stays a
+duplicate even when the checkpoint's objects were collected since.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from app.blobstore import checkpoint_prefix, new_blob_id
+from app.domain.context import Context
+from app.errors import DomainError, Forbidden, Invalid, Unavailable
+from contract.models import SubtaskAck, WrittenState
+
+STAT_TIMEOUT = 30.0  # seconds an ack waits at most for the store to say whether its object is there
+
+
+class NotWritten(Invalid):
+    """The object an ack names is not in the blob store as the ack says."""
+
+
+@dataclass(frozen=True)
+class WrittenCheck:
+    refusal: DomainError | None = None
+    """The ack can never be recorded (answered at once, never submitted)."""
+    missing: DomainError | None = None
+    """The object is not there as the ack says: refused unless the same ack was recorded before."""
+
+
+def key_refusal(ctx: Context, job_id: int, cp_id: int, a: SubtaskAck) -> DomainError | None:
+    """Why the ack's written object can never be counted for this job and checkpoint, or None."""
+    w = a.written
+    assert w is not None
+    who = f"subtask {a.vertex}[{a.subtask_index}]"
+    if not ctx.direct_writes:
+        return Invalid(
+            f"{who} acks an object it wrote into the blob store, but this coordinator takes state only through "
+            "uploads (OVERTAKE_STATE_WRITES=coordinator): send it with acks/with-state; nothing was recorded"
+        )
+    prefix = checkpoint_prefix(job_id, cp_id)
+    if w.key.startswith(prefix):
+        return None
+    if not w.key.startswith(f"job-{job_id}/"):
+        return Forbidden(
+            f"{who} acks object {w.key!r}, which is not under job {job_id}'s prefix; for checkpoint {cp_id} it "
+            f"writes under {prefix}; nothing was recorded"
+        )
+    return Invalid(
+        f"{who} acks object {w.key!r}, which is not under checkpoint {cp_id}'s prefix {prefix}; "
+        "nothing was recorded"
+    )
+
+
+async def check(ctx: Context, job_id: int, cp_id: int, acks: list[SubtaskAck]) -> list[WrittenCheck | None]:
+    """For each ack (None: it names no written object): whether its object may be counted. The objects are
+    stat'ed (HEAD on S3) concurrently, never read."""
+    checks: list[WrittenCheck | None] = [None] * len(acks)
+    to_stat: list[int] = []
+    for i, a in enumerate(acks):
+        if a.written is None:
+            continue
+        refusal = key_refusal(ctx, job_id, cp_id, a)
+        if refusal is not None:
+            checks[i] = WrittenCheck(refusal=refusal)
+        else:
+            to_stat.append(i)
+    sizes = await asyncio.gather(
+        *(asyncio.wait_for(ctx.store.size(acks[i].written.key), STAT_TIMEOUT) for i in to_stat),
+        return_exceptions=True,
+    )
+    for i, size in zip(to_stat, sizes, strict=True):
+        checks[i] = WrittenCheck(missing=_missing(acks[i], size))
+    return checks
+
+
+def _missing(a: SubtaskAck, size: int | None | BaseException) -> DomainError | None:
+    w = a.written
+    who = f"subtask {a.vertex}[{a.subtask_index}]"
+    if isinstance(size, BaseException):
+        why = f"no answer within {STAT_TIMEOUT:g} s" if isinstance(size, asyncio.TimeoutError) else repr(size)
+        return Unavailable(f"the blob store could not say whether object {w.key} exists ({why}); retry the ack")
+    if size is None:
+        return NotWritten(
+            f"object {w.key} that {who} acks does not exist in the blob store (or is not a regular file); "
+            "write it before acking; nothing was recorded"
+        )
+    if size != w.size:
+        return NotWritten(
+            f"object {w.key} that {who} acks has {size} bytes in the blob store but the ack says {w.size}; "
+            "write it whole before acking; nothing was recorded"
+        )
+    return None
+
+
+def blob_rows(job_id: int, cp_id: int, a: SubtaskAck, operator_blob_id, channel_blob_id, now: int) -> list[dict]:
+    """The blob rows of a written object: its operator state at its start and its channel state after it."""
+    w: WrittenState = a.written
+    rows = []
+    for blob_id, kind, sha256, offset, size in (
+        (operator_blob_id, "operator", w.operator_sha256, 0, w.operator_size),
+        (channel_blob_id, "channel", w.channel_sha256, w.operator_size, w.channel_size),
+    ):
+        if blob_id is None:
+            continue
+        rows.append(
+            {
+                "id": blob_id,
+                "job_id": job_id,
+                "checkpoint_id": cp_id,
+                "vertex": a.vertex,
+                "subtask_index": a.subtask_index,
+                "kind": kind,
+                "attempt": a.attempt,
+                "sha256": sha256.lower(),
+                "size": size,
+                "status": "stored",
+                "created_at": now,
+                "key": w.key,
+                "offset": offset,
+            }
+        )
+    return rows
+
+
+def blob_ids(w: WrittenState) -> tuple[str | None, str | None]:
+    """New blob ids for the parts of a written object that hold state (operator, channel)."""
+    return (new_blob_id() if w.operator_size > 0 else None, new_blob_id() if w.channel_size > 0 else None)

@@ -1,0 +1,104 @@
+"""Bounds everywhere: integers beyond what the database holds, oversized bodies and oversized uploads are refused
+with a 4xx that names the limit, on every route, and change nothing."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+LIMIT = 64 * 1024
+
+
+@pytest.fixture
+async def small(make_api):
+    async with make_api(max_request_body=LIMIT, max_blob_size=LIMIT) as api:
+        yield api
+
+
+async def test_a_json_body_past_the_limit_is_refused_with_413_naming_the_limit_and_changes_nothing(small):
+    job = await small.job()
+    r = await small.client.post(
+        f"/api/v1/jobs/{job['id']}/finish", json={"status": "FAILED", "message": "x" * (LIMIT + 1)}
+    )
+    assert r.status_code == 413 and str(LIMIT) in r.json()["error"]["message"]
+    assert (await small.client.get(f"/api/v1/jobs/{job['id']}")).json()["status"] == "RUNNING"
+
+
+async def test_an_external_checkpoint_with_oversized_metrics_is_refused(small):
+    job = await small.job()
+    body = {"id": 1, "trigger_timestamp": 1, "completed_timestamp": 2, "metrics": {"m": "x" * LIMIT}}
+    r = await small.client.post(f"/api/v1/jobs/{job['id']}/checkpoints/external", json=body)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "too_large"
+
+
+async def test_the_ack_fast_path_has_the_same_body_limit(small):
+    job = await small.job()
+    await small.trigger(job["id"])
+    body = {"attempt": 1, "vertex": "src", "subtask_index": 0, "source_offsets": {"o": "x" * LIMIT}}
+    r = await small.client.post(f"/api/v1/jobs/{job['id']}/checkpoints/1/acks", json=body)
+    assert r.status_code == 413 and str(LIMIT) in r.json()["error"]["message"]
+
+
+async def test_a_chunked_upload_is_refused_as_soon_as_it_passes_the_limit_and_nothing_is_stored(small):
+    job = await small.job()
+    await small.trigger(job["id"])
+    sent = {"chunks": 0}
+
+    async def endless():
+        for _ in range(100_000):  # 100 MiB if it were read in full
+            sent["chunks"] += 1
+            yield b"x" * 1024
+
+    r = await small.client.post(
+        f"/api/v1/jobs/{job['id']}/checkpoints/1/blobs",
+        params={"attempt": 1, "vertex": "src", "subtask_index": 0, "kind": "channel"},
+        content=endless(),
+        headers={"X-Overtake-Sha256": hashlib.sha256(b"").hexdigest(), "Content-Type": "application/octet-stream"},
+    )
+    assert r.status_code == 413 and r.json()["error"]["code"] == "too_large"
+    assert sent["chunks"] < 4 * LIMIT // 1024  # refused while arriving, not after reading it all
+    assert (await small.checkpoint(job["id"], 1))["subtasks"] == []
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/jobs/9223372036854775808",
+        "/api/v1/jobs/0",
+        "/api/v1/jobs/1/checkpoints/9223372036854775808",
+        "/api/v1/jobs/1/checkpoints?offset=9223372036854775808",
+        "/api/v1/jobs/1/events/history?after=99999999999999999999",
+        "/api/v1/jobs?offset=-1",
+    ],
+)
+async def test_integers_beyond_the_columns_are_refused_with_422(sqlite_api, path):
+    await sqlite_api.job()
+    r = await sqlite_api.client.get(path)
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid", r.text
+
+
+@pytest.mark.parametrize("job_id", ["0", "9223372036854775808"])
+async def test_the_ack_fast_path_validates_its_path_like_the_spec(sqlite_api, job_id):
+    r = await sqlite_api.client.post(
+        f"/api/v1/jobs/{job_id}/checkpoints/1/acks", json={"attempt": 1, "vertex": "a", "subtask_index": 0}
+    )
+    assert r.status_code == 422 and "job_id" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("timeout", 10**19), ("interval", 10**12), ("min_pause", 10**12), ("alignment_timeout", 3 * 10**9)],
+)
+async def test_config_durations_have_a_sane_maximum(sqlite_api, field, value):
+    body = {"name": "j", "graph": {"vertices": [{"id": "a", "parallelism": 1}]}, "checkpoint": {field: value}}
+    r = await sqlite_api.client.post("/api/v1/jobs", json=body)
+    assert r.status_code == 422 and f"checkpoint.{field}" in r.json()["error"]["message"], r.text
+
+
+async def test_ack_figures_beyond_the_columns_are_refused(api):
+    job = await api.job()
+    await api.trigger(job["id"])
+    r = await api.ack(job["id"], 1, "src", 0, metrics={"processed_data": 2**63}, key_group_start=2**40)
+    assert r.status_code == 422
+    assert (await api.checkpoint(job["id"], 1))["num_acknowledged_subtasks"] == 0

@@ -1,0 +1,105 @@
+"""The scheduler: one job's failure is logged, counted and shown on that job and never holds up another job's
+checkpoints; an attempt that waits for its subtasks starts its periodic checkpoints once they all run."""
+
+from __future__ import annotations
+
+from sqlalchemy import update
+
+from app.db.models import JobRow
+
+
+async def _completed_or_pending(api, job_id: int) -> int:
+    page = (await api.client.get(f"/api/v1/jobs/{job_id}/checkpoints", params={"limit": 1000})).json()
+    return page["total"]
+
+
+async def test_a_job_whose_trigger_fails_shows_it_and_does_not_hold_up_another_job(api):
+    bad = await api.job(interval=50, max_concurrent=1000)
+    # a job whose checkpoint ids ran out: its next id cannot be stored, so every trigger of it fails
+    async with api.ctx.tx() as s:
+        await s.execute(update(JobRow).where(JobRow.id == bad["id"]).values(next_checkpoint_id=2**63 - 1))
+    good = await api.job(interval=50, max_concurrent=1000, timeout=600_000)
+
+    async def good_has_three():
+        return await _completed_or_pending(api, good["id"]) >= 3
+
+    await api.wait_for(good_has_three, timeout=30, what="three periodic checkpoints of the healthy job")
+
+    async def shown():
+        return (await api.client.get(f"/api/v1/jobs/{bad['id']}")).json()["scheduler_error"]
+
+    error = await api.wait_for(shown, timeout=30, what="the failure shown on the bad job")
+    assert "could not trigger" in error
+    assert await _completed_or_pending(api, bad["id"]) == 0
+    metrics = (await api.client.get("/metrics")).text
+    assert 'overtake_scheduler_failures_total{action="trigger"}' in metrics
+
+
+async def test_an_attempt_waiting_for_its_subtasks_gets_no_periodic_checkpoint_before_they_all_run(
+    make_api,
+):
+    async with make_api(running_grace=3600) as api:
+        job = await api.job(start=False, interval=20, max_concurrent=1000)
+        started = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"wait_for_running": True})
+        assert started.status_code == 201
+        other = await api.job(interval=20, max_concurrent=1000)  # the clock: its checkpoints show time passing
+
+        async def other_has_five():
+            return await _completed_or_pending(api, other["id"]) >= 5
+
+        await api.wait_for(other_has_five, timeout=30, what="time to pass")
+        assert await _completed_or_pending(api, job["id"]) == 0
+        for vertex, index in (("src", 0), ("src", 1), ("agg", 0), ("agg", 1), ("agg", 1)):  # one twice
+            r = await api.client.post(
+                f"/api/v1/jobs/{job['id']}/attempts/1/running", json={"vertex": vertex, "subtask_index": index}
+            )
+            assert r.status_code == 200, r.text
+        state = r.json()
+        assert state["running_subtasks"] == 4 and state["all_running_at"] is not None
+
+        async def has_one():
+            return await _completed_or_pending(api, job["id"]) >= 1
+
+        await api.wait_for(has_one, timeout=30, what="the first periodic checkpoint after all reported running")
+        assert (await api.client.get(f"/api/v1/jobs/{job['id']}")).json()["running_at"] == state["all_running_at"]
+
+
+async def test_a_waiting_attempt_whose_subtasks_never_report_gets_checkpoints_after_the_grace_period(make_api):
+    async with make_api(running_grace=0.2) as api:
+        job = await api.job(start=False, interval=20, max_concurrent=1000)
+        await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"wait_for_running": True})
+
+        async def has_one():
+            return await _completed_or_pending(api, job["id"]) >= 1
+
+        await api.wait_for(has_one, timeout=30, what="a periodic checkpoint after the grace period")
+
+
+async def test_a_running_report_from_another_attempt_or_for_an_unknown_subtask_is_refused(sqlite_api):
+    job = await sqlite_api.job()
+    r = await sqlite_api.client.post(
+        f"/api/v1/jobs/{job['id']}/attempts/2/running", json={"vertex": "src", "subtask_index": 0}
+    )
+    assert r.status_code == 409 and "attempt" in r.json()["error"]["message"]
+    r = await sqlite_api.client.post(
+        f"/api/v1/jobs/{job['id']}/attempts/1/running", json={"vertex": "src", "subtask_index": 7}
+    )
+    assert r.status_code == 404 and "src[7]" in r.json()["error"]["message"]
+
+
+async def test_no_checkpoint_or_savepoint_is_triggered_while_a_waiting_attempt_still_starts(make_api):
+    """A restored subtask replays its in-flight data before it reports running; a checkpoint before then could not
+    be replayed in order, so manual triggers and savepoints are refused too, saying why, until all run."""
+    async with make_api(running_grace=3600) as api:
+        job = await api.job(start=False, interval=None)
+        await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"wait_for_running": True})
+        for route in ("checkpoints", "savepoints"):
+            r = await api.client.post(f"/api/v1/jobs/{job['id']}/{route}")
+            assert r.status_code == 409 and "still starting" in r.json()["error"]["message"], r.text
+        for vertex, index in (("src", 0), ("src", 1), ("agg", 0), ("agg", 1)):
+            r = await api.client.post(
+                f"/api/v1/jobs/{job['id']}/attempts/1/running", json={"vertex": vertex, "subtask_index": index}
+            )
+            assert r.status_code == 200, r.text
+        r = await api.client.post(f"/api/v1/jobs/{job['id']}/checkpoints")
+        assert r.status_code == 201, r.text
