@@ -105,7 +105,7 @@ class Seeder:
         )
 
     def attempt(self, job_id: int) -> str:
-        return self._ok(self.http.post(f"/api/v1/jobs/{job_id}/attempts", json={"restore_from": None}))[
+        return self._ok(self.http.post(f"/api/v1/jobs/{job_id}/attempts", json={"restore_latest": False}))[
             "task_token"
         ]
 

@@ -94,19 +94,20 @@ def test_preview_of_a_missing_segment_is_404_naming_the_segments_there(seeded):
 
 
 def test_a_segment_written_by_the_runtimes_channel_state_writer_decodes_in_order():
-    from spark_plugin.channel_state import ChannelInfo, ChannelStateWriter
-    from spark_plugin.framing import encode_records
+    from spark_plugin.network.framing import encode_records
+    from spark_plugin.plan.topology import ChannelInfo
+    from spark_plugin.task.channel_state import ChannelStateWriter
 
     writer = ChannelStateWriter()
     writer.start(7)
     info = ChannelInfo("in:a[0]->b[0]", "input", "a", 0, "hash")
-    writer.add_input_data(info, encode_records([("k", 1), ("k", 2)]))
-    writer.add_input_data(info, encode_records([("k", 3)]))
-    writer.finish_input()
-    writer.finish_output()
-    result = writer.result()
+    writer.add_input_data(7, info, encode_records([("k", 1), ("k", 2)]))
+    writer.add_input_data(7, info, encode_records([("k", 3)]))
+    writer.finish_input(7)
+    writer.finish_output(7)
+    result = writer.take(7)
     (seg,) = result.segments
-    data = result.data[seg["offset"] : seg["offset"] + seg["length"]]
+    data = result.data[seg.offset : seg.offset + seg.length]
     records, truncated = decode_segment(data, True, 10)
     assert [r.text for r in records] == ["('k', 1)", "('k', 2)", "('k', 3)"]
     assert [r.buffer for r in records] == [0, 0, 1] and not truncated

@@ -38,3 +38,20 @@ export function age(ts: number | null | undefined, now: number = Date.now()): st
 export function count(n: number): string {
   return n.toLocaleString("en-US");
 }
+
+export function percent(v: number | null | undefined): string {
+  if (v === null || v === undefined) return "–";
+  return `${Math.round(v * 100)}%`;
+}
+
+export function rate(v: number | null | undefined): string {
+  if (v === null || v === undefined) return "–";
+  if (v >= 10_000) return `${(v / 1000).toFixed(v >= 100_000 ? 0 : 1)}k/s`;
+  return `${Math.round(v).toLocaleString("en-US")}/s`;
+}
+
+/** Nearest-rank percentile of values (sorted ascending), as the coordinator computes it. */
+export function percentile(sorted: number[], p: number): number | null {
+  if (sorted.length === 0) return null;
+  return sorted[Math.max(0, Math.min(sorted.length - 1, Math.ceil(p * sorted.length) - 1))];
+}

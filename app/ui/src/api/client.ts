@@ -15,6 +15,21 @@ export type ChannelSegment = Schemas["ChannelSegment"];
 export type SegmentPreview = Schemas["SegmentPreview"];
 export type OvertakeEvent = Schemas["Event"];
 export type Graph = Schemas["Graph"];
+export type AttemptInfo = Schemas["AttemptInfo"];
+export type JobLiveMetrics = Schemas["JobLiveMetrics"];
+export type VertexLiveMetrics = Schemas["VertexLiveMetrics"];
+export type VertexCheckpointSummary = Schemas["VertexCheckpointSummary"];
+export type MinMaxAvg = Schemas["MinMaxAvg"];
+
+/** Job statuses in which the job runs and takes checkpoints. */
+export const ACTIVE_STATUSES = ["CREATED", "RUNNING", "FAILING"];
+
+/** Abort reasons that are not failures: the job ended or a new attempt started, or a newer checkpoint completed. */
+export const INTERRUPTED_REASONS = ["subsumed", "new_attempt", "job_cancelled", "job_ended"];
+
+export function interrupted(c: Checkpoint): boolean {
+  return c.status === "ABORTED" && !!c.abort_reason && INTERRUPTED_REASONS.includes(c.abort_reason);
+}
 
 const TOKEN_KEY = "overtake.token";
 
@@ -43,6 +58,9 @@ api.use({
   onRequest({ request }) {
     const token = getToken();
     if (token) request.headers.set("Authorization", `Bearer ${token}`);
+    // Marks the UI's own requests: a page of another origin cannot send this header (CORS), so the coordinator
+    // accepts state-changing requests that carry it even without a token.
+    request.headers.set("X-Overtake-Client", "ui");
     return request;
   },
 });

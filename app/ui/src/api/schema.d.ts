@@ -92,7 +92,12 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get?: never;
+        /**
+         * List Attempts
+         * @description A job's attempts, newest first: the checkpoint each restored, the ones its restore passed over and why, and
+         *     the vertices it rescaled.
+         */
+        get: operations["list_attempts"];
         put?: never;
         /**
          * Start Attempt
@@ -101,6 +106,27 @@ export interface paths {
          *     With `parallelism`, the job is rescaled: keyed state is split by key group, channel state redistributed.
          */
         post: operations["start_attempt"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/jobs/{job_id}/attempts/{attempt}/running": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Report Running
+         * @description A subtask of the attempt runs (idempotent). When every subtask reported, the attempt's periodic checkpoints
+         *     count their interval from then (with `wait_for_running`), so no checkpoint's timeout is spent on start-up.
+         */
+        post: operations["report_running"];
         delete?: never;
         options?: never;
         head?: never;
@@ -261,6 +287,10 @@ export interface paths {
          * Ack
          * @description A subtask's part of the checkpoint is durable. Answered after the ack is committed; idempotent: the same
          *     ack again succeeds and changes nothing, a different one is 409. Needs the job's task token (or admin).
+         *
+         *     State the subtask wrote into the blob store itself (`written`, through the checkpoint's write target) counts
+         *     only under this checkpoint's prefix of this job (403 for another job's, 422 for another checkpoint's) and only
+         *     once a stat found the object with the stated size (422 naming it otherwise); nothing is recorded then.
          */
         post: operations["ack"];
         delete?: never;
@@ -351,6 +381,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/jobs/{job_id}/blobs/{blob_id}/corrupt": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Report Corrupt Blob
+         * @description A restoring subtask of the current attempt read the blob and its bytes do not match its sha256: the blob is
+         *     marked corrupt, and the next restore plan falls back past its checkpoint, naming the blob and the reporter.
+         *     Idempotent (a blob stays marked as it was first reported).
+         */
+        post: operations["report_corrupt_blob"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/declines": {
         parameters: {
             query?: never;
@@ -403,6 +455,48 @@ export interface paths {
          * @description The job's event stream (SSE). A reconnecting client sends Last-Event-ID and misses nothing.
          */
         get: operations["events"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/jobs/{job_id}/attempts/{attempt}/subtasks/{vertex}/{subtask_index}/metrics": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Report Subtask Metrics
+         * @description A running subtask's latest metrics (records/s, backpressure). Idempotent: only the newest report of each
+         *     subtask is kept, in the coordinator's memory; 409 when the attempt is no longer current or the job ended.
+         */
+        post: operations["report_subtask_metrics"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/jobs/{job_id}/metrics": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Job Live Metrics
+         * @description Per vertex of the job's current attempt: records/s and backpressure from its subtasks' recent reports
+         *     (empty while nothing reported, and once the job ended).
+         */
+        get: operations["job_live_metrics"];
         put?: never;
         post?: never;
         delete?: never;
@@ -568,11 +662,16 @@ export interface components {
         /** AttemptCreate */
         AttemptCreate: {
             /**
-             * Restore From
-             * @description Checkpoint or savepoint id to restore from; 'latest' (the latest completed, if any) or null for a fresh start.
-             * @default latest
+             * Restore From Checkpoint
+             * @description The checkpoint or savepoint id to restore from; wins over restore_latest.
              */
-            restore_from: number | "latest" | null;
+            restore_from_checkpoint?: number | null;
+            /**
+             * Restore Latest
+             * @description Without restore_from_checkpoint: restore the latest completed checkpoint (if any); false: a fresh start.
+             * @default true
+             */
+            restore_latest: boolean;
             /**
              * Parallelism
              * @description Rescale: new parallelism per vertex id (within its max_parallelism); state is redistributed.
@@ -580,6 +679,68 @@ export interface components {
             parallelism?: {
                 [key: string]: number;
             } | null;
+            /**
+             * Wait For Running
+             * @description Periodic checkpoints of this attempt start one interval after every subtask reported running (POST .../attempts/{attempt}/running), not one interval after the attempt opened; if not all report within OVERTAKE_RUNNING_GRACE, they start then.
+             * @default false
+             */
+            wait_for_running: boolean;
+            /**
+             * Reason
+             * @description Why this attempt starts (a restart after a failure, a rescale to the slots a cluster offers); the job's status message while it runs, and part of the attempt.started event.
+             */
+            reason?: string | null;
+        };
+        /**
+         * AttemptInfo
+         * @description One attempt of a job as it happened: when it ran, what it restored, what it passed over and rescaled.
+         */
+        AttemptInfo: {
+            /** Attempt */
+            attempt: number;
+            /** Started At */
+            started_at: number;
+            /**
+             * Ended At
+             * @description When a newer attempt started or the job ended (null: current).
+             */
+            ended_at: number | null;
+            /**
+             * Restored Checkpoint Id
+             * @description The checkpoint it restored (null: a fresh start).
+             */
+            restored_checkpoint_id: number | null;
+            /**
+             * Restored Is Savepoint
+             * @default false
+             */
+            restored_is_savepoint: boolean;
+            /**
+             * Fallbacks
+             * @description Checkpoints its restore passed over, newest first, and why.
+             */
+            fallbacks?: components["schemas"]["PlanFallback"][];
+            /**
+             * Rescaled
+             * @description Vertices it ran with another parallelism than the restored checkpoint.
+             */
+            rescaled?: components["schemas"]["VertexRescale"][];
+            /**
+             * Recorded
+             * @description False when the attempt's start event is no longer in the event log (older than the retention of events): fallbacks and rescaling are then unknown.
+             * @default true
+             */
+            recorded: boolean;
+        };
+        /** AttemptPage */
+        AttemptPage: {
+            /**
+             * Items
+             * @description Newest first.
+             */
+            items: components["schemas"]["AttemptInfo"][];
+            /** Total */
+            total: number;
         };
         /**
          * BarrierPolicy
@@ -609,10 +770,51 @@ export interface components {
             size: number;
             /** Created At */
             created_at: number;
+            /**
+             * Corrupt
+             * @description Why the blob is known to be corrupt (a restoring subtask's report), if it is.
+             */
+            corrupt?: string | null;
+        };
+        /**
+         * BlobLocation
+         * @description Where a restoring subtask reads a blob: an object's URL (a file:// path the executors share, or a presigned
+         *     GET) and where the blob starts in it; without a URL, through the coordinator (GET .../blobs/{blob_id}). The
+         *     subtask verifies the blob's sha256 as it reads it.
+         *
+         *     The blob is bytes ``offset`` to ``offset + size - 1`` of the object at ``url`` (an HTTP ``Range`` for a
+         *     presigned GET); a channel segment of it starts at ``offset + segment.offset``.
+         */
+        BlobLocation: {
+            /** Blob Id */
+            blob_id: string;
+            /** Sha256 */
+            sha256: string;
+            /** Size */
+            size: number;
+            /**
+             * Url
+             * @description The object holding the blob: a file:// URL, or a presigned GET URL; null: read it through the coordinator.
+             */
+            url?: string | null;
+            /**
+             * Offset
+             * @description Where the blob starts in the object.
+             * @default 0
+             */
+            offset: number;
+            /**
+             * Expires At
+             * @description When a presigned URL stops working (ms since the epoch).
+             */
+            expires_at?: number | null;
         };
         /** BlobRef */
         BlobRef: {
-            /** Blob Id */
+            /**
+             * Blob Id
+             * @description A blob id the coordinator issued.
+             */
             blob_id: string;
             /** Sha256 */
             sha256: string;
@@ -667,6 +869,22 @@ export interface components {
             checkpoint_id: number;
             /** Entries */
             entries: components["schemas"]["ChannelStateEntry"][];
+            /**
+             * Deleted
+             * @description The checkpoint's blobs were deleted: its segments are listed, their bytes cannot be read.
+             * @default false
+             */
+            deleted: boolean;
+            /**
+             * Deleted Reason
+             * @description retention: collected under the job's 'retained'; aborted: the checkpoint aborted.
+             */
+            deleted_reason?: ("retention" | "aborted") | null;
+            /**
+             * Deleted At
+             * @description When they were deleted, when the coordinator knows.
+             */
+            deleted_at?: number | null;
         };
         /** Checkpoint */
         Checkpoint: {
@@ -707,6 +925,16 @@ export interface components {
             num_acknowledged_subtasks: number;
             /** Failure Reason */
             failure_reason: string | null;
+            /**
+             * Failure Timestamp
+             * @description When an aborted checkpoint was aborted.
+             */
+            failure_timestamp?: number | null;
+            /**
+             * Abort Reason
+             * @description Why an aborted checkpoint was aborted; only 'expired' and 'declined' are failures, the others were interrupted (the job ended, a new attempt started, a newer checkpoint completed).
+             */
+            abort_reason?: ("expired" | "declined" | "subsumed" | "new_attempt" | "job_cancelled" | "job_ended") | null;
             /**
              * Discarded
              * @description Its blobs were collected under the retention policy.
@@ -754,7 +982,7 @@ export interface components {
             policy: components["schemas"]["BarrierPolicy"];
             /**
              * Alignment Timeout
-             * @description For aligned_then_unaligned: ms after the trigger at which alignment switches to unaligned.
+             * @description For aligned_then_unaligned: ms after the trigger at which alignment switches to unaligned (below timeout).
              */
             alignment_timeout?: number | null;
             /**
@@ -778,10 +1006,19 @@ export interface components {
             in_progress: number;
             /** Completed */
             completed: number;
-            /** Failed */
+            /**
+             * Failed
+             * @description Aborted checkpoints, whatever the reason (Flink's count).
+             */
             failed: number;
             /** Savepoints */
             savepoints: number;
+            /**
+             * Interrupted
+             * @description Of the failed (aborted) ones, those aborted because the job ended or was cancelled, a new attempt started, or a newer checkpoint completed: not failures of the checkpoint itself.
+             * @default 0
+             */
+            interrupted: number;
         };
         /** CheckpointDetail */
         CheckpointDetail: {
@@ -823,6 +1060,16 @@ export interface components {
             /** Failure Reason */
             failure_reason: string | null;
             /**
+             * Failure Timestamp
+             * @description When an aborted checkpoint was aborted.
+             */
+            failure_timestamp?: number | null;
+            /**
+             * Abort Reason
+             * @description Why an aborted checkpoint was aborted; only 'expired' and 'declined' are failures, the others were interrupted (the job ended, a new attempt started, a newer checkpoint completed).
+             */
+            abort_reason?: ("expired" | "declined" | "subsumed" | "new_attempt" | "job_cancelled" | "job_ended") | null;
+            /**
              * Discarded
              * @description Its blobs were collected under the retention policy.
              */
@@ -843,9 +1090,14 @@ export interface components {
             subtasks: components["schemas"]["SubtaskStats"][];
             /**
              * Pending Subtasks
-             * @description 'vertex[index]' of the subtasks that have not acked.
+             * @description 'vertex[index]' of the subtasks that have not acked (only while the checkpoint is pending).
              */
             pending_subtasks: string[];
+            /**
+             * Vertices
+             * @description Per vertex, in graph order: min/avg/max of each field across subtasks.
+             */
+            vertices?: components["schemas"]["VertexCheckpointSummary"][];
         };
         /** CheckpointPage */
         CheckpointPage: {
@@ -880,6 +1132,21 @@ export interface components {
          * @enum {string}
          */
         CheckpointType: "aligned" | "unaligned" | "savepoint";
+        /**
+         * CorruptBlob
+         * @description A restoring subtask read a blob whose bytes do not match its sha256: the blob is never replayed, and the
+         *     next attempt's restore plan falls back past its checkpoint, naming it.
+         */
+        CorruptBlob: {
+            /** Attempt */
+            attempt: number;
+            /** Vertex */
+            vertex: string;
+            /** Subtask Index */
+            subtask_index: number;
+            /** Reason */
+            reason: string;
+        };
         /** Decline */
         Decline: {
             /** Attempt */
@@ -922,6 +1189,11 @@ export interface components {
             data: {
                 [key: string]: unknown;
             };
+            /**
+             * Deployment
+             * @description The coordinator deployment the event belongs to (its namespace); replicas of one deployment share it.
+             */
+            deployment?: string | null;
         };
         /** EventCursor */
         EventCursor: {
@@ -1050,6 +1322,7 @@ export interface components {
             num_completed: number;
             /**
              * Num Failed
+             * @description Aborted checkpoints, whatever the reason (see num_interrupted).
              * @default 0
              */
             num_failed: number;
@@ -1058,6 +1331,22 @@ export interface components {
              * @default 0
              */
             num_in_progress: number;
+            /**
+             * Num Interrupted
+             * @description Of the aborted checkpoints, those that did not fail: the job ended or was cancelled, a new attempt started, or a newer checkpoint subsumed them.
+             * @default 0
+             */
+            num_interrupted: number;
+            /**
+             * Scheduler Error
+             * @description The scheduler's last failure on this job (cleared by its next periodic trigger).
+             */
+            scheduler_error?: string | null;
+            /**
+             * Running At
+             * @description When every subtask of the current attempt had reported running.
+             */
+            running_at?: number | null;
         };
         /** JobCreate */
         JobCreate: {
@@ -1093,6 +1382,25 @@ export interface components {
              * @description If given, only this attempt may finish the job.
              */
             attempt?: number | null;
+        };
+        /** JobLiveMetrics */
+        JobLiveMetrics: {
+            /** Job Id */
+            job_id: number;
+            /** Attempt */
+            attempt: number | null;
+            /**
+             * Now
+             * @description The coordinator's clock when it answered.
+             */
+            now: number;
+            /**
+             * Max Age
+             * @description Metrics older than this (ms) are left out: their subtask stopped reporting.
+             */
+            max_age: number;
+            /** Vertices */
+            vertices: components["schemas"]["VertexLiveMetrics"][];
         };
         /** JobPage */
         JobPage: {
@@ -1191,13 +1499,27 @@ export interface components {
              * @default false
              */
             is_savepoint: boolean;
-            /** Requested */
-            requested?: number | "latest" | null;
+            /**
+             * Requested Checkpoint
+             * @description The checkpoint that was asked for, if one.
+             */
+            requested_checkpoint?: number | null;
+            /**
+             * Requested Latest
+             * @description The latest completed checkpoint was asked for.
+             * @default false
+             */
+            requested_latest: boolean;
             /**
              * Fallbacks
              * @description Checkpoints passed over because a blob was missing or corrupt.
              */
             fallbacks?: components["schemas"]["PlanFallback"][];
+            /**
+             * Rescaled
+             * @description Vertices restored with another parallelism than the checkpoint's.
+             */
+            rescaled?: components["schemas"]["VertexRescale"][];
             /** Subtasks */
             subtasks?: components["schemas"]["SubtaskRestore"][];
         };
@@ -1230,6 +1552,16 @@ export interface components {
             blob_id: string;
             /** From Subtask */
             from_subtask: number;
+            /**
+             * Key Group Start
+             * @description Hash edges: the first key group of the subtask that persisted the segment.
+             */
+            key_group_start?: number | null;
+            /**
+             * Key Group End
+             * @description Hash edges: the last key group of the subtask that persisted the segment.
+             */
+            key_group_end?: number | null;
         };
         /**
          * RestoreState
@@ -1248,6 +1580,35 @@ export interface components {
             key_group_start?: number | null;
             /** Key Group End */
             key_group_end?: number | null;
+        };
+        /**
+         * RunningReport
+         * @description A subtask of an attempt runs (its Spark task started it); idempotent.
+         */
+        RunningReport: {
+            /** Vertex */
+            vertex: string;
+            /** Subtask Index */
+            subtask_index: number;
+        };
+        /** RunningState */
+        RunningState: {
+            /** Job Id */
+            job_id: number;
+            /** Attempt */
+            attempt: number;
+            /**
+             * Running Subtasks
+             * @description Subtasks of the attempt that reported running.
+             */
+            running_subtasks: number;
+            /** Num Subtasks */
+            num_subtasks: number;
+            /**
+             * All Running At
+             * @description When the last subtask reported running (null: not yet).
+             */
+            all_running_at: number | null;
         };
         /** SavepointRequest */
         SavepointRequest: {
@@ -1300,6 +1661,80 @@ export interface components {
              */
             truncated: boolean;
         };
+        /**
+         * SourcePosition
+         * @description Where an old source subtask was when the checkpoint was taken.
+         */
+        SourcePosition: {
+            /** From Subtask */
+            from_subtask: number;
+            /** Offsets */
+            offsets: {
+                [key: string]: unknown;
+            };
+        };
+        /** SubtaskLiveMetrics */
+        SubtaskLiveMetrics: {
+            /** Vertex */
+            vertex: string;
+            /** Subtask Index */
+            subtask_index: number;
+            /**
+             * Timestamp
+             * @description When the subtask measured them.
+             */
+            timestamp: number;
+            /**
+             * Received At
+             * @description When the coordinator received them.
+             */
+            received_at: number;
+            metrics: components["schemas"]["SubtaskMetrics"];
+        };
+        /**
+         * SubtaskMetrics
+         * @description What a running subtask measured over its last window. Every field is optional, and fields this coordinator
+         *     does not know are ignored, so a runtime can report more (e.g. a watermark) without breaking an older one.
+         */
+        SubtaskMetrics: {
+            /**
+             * Window Ms
+             * @description The span the rates cover.
+             */
+            window_ms?: number | null;
+            /** Records In Per Second */
+            records_in_per_second?: number | null;
+            /** Bytes In Per Second */
+            bytes_in_per_second?: number | null;
+            /** Bytes Out Per Second */
+            bytes_out_per_second?: number | null;
+            /**
+             * Backpressure
+             * @description Share of the window the subtask waited for room in its outputs.
+             */
+            backpressure?: number | null;
+            /**
+             * Records In
+             * @description Records taken since it started.
+             */
+            records_in?: number | null;
+            /** Bytes In */
+            bytes_in?: number | null;
+            /** Bytes Out */
+            bytes_out?: number | null;
+        };
+        /**
+         * SubtaskMetricsReport
+         * @description A subtask's latest metrics. Idempotent: the coordinator keeps the newest by ``timestamp`` per subtask.
+         */
+        SubtaskMetricsReport: {
+            /**
+             * Timestamp
+             * @description When the subtask measured them (ms since the epoch).
+             */
+            timestamp: number;
+            metrics: components["schemas"]["SubtaskMetrics"];
+        };
         /** SubtaskRestore */
         SubtaskRestore: {
             /** Vertex */
@@ -1312,14 +1747,33 @@ export interface components {
             key_group_end?: number | null;
             /** Operator State */
             operator_state?: components["schemas"]["RestoreState"][];
-            /** Output Channel State */
+            /**
+             * Output Channel State
+             * @description Output channel state this subtask re-sends (before any new output).
+             */
             output_channel_state?: components["schemas"]["RestoreSegment"][];
-            /** Input Channel State */
+            /**
+             * Input Channel State
+             * @description Input channel state this subtask processes first; after a rescale, segments of hash edges are filtered by the subtask's key groups.
+             */
             input_channel_state?: components["schemas"]["RestoreSegment"][];
-            /** Source Offsets */
+            /**
+             * Source Offsets
+             * @description A source subtask's own offsets at the checkpoint (same parallelism).
+             */
             source_offsets?: {
                 [key: string]: unknown;
             } | null;
+            /**
+             * Source Positions
+             * @description A rescaled source vertex: every old source subtask's offsets; each new subtask takes the splits (partitions, files, streams) it owns at the new parallelism, so every input is read once.
+             */
+            source_positions?: components["schemas"]["SourcePosition"][];
+            /**
+             * Blobs
+             * @description Where to read each blob the operator and channel state above name.
+             */
+            blobs?: components["schemas"]["BlobLocation"][];
         };
         /** SubtaskStats */
         SubtaskStats: {
@@ -1373,7 +1827,7 @@ export interface components {
             name?: string | null;
             /**
              * Parallelism
-             * @description Number of subtasks (at least 1).
+             * @description Number of subtasks (at least 1, at most max_parallelism).
              */
             parallelism: number;
             /**
@@ -1394,6 +1848,82 @@ export interface components {
              * @default false
              */
             keyed: boolean;
+        };
+        /**
+         * VertexCheckpointSummary
+         * @description One vertex's part of a checkpoint: each figure's min/avg/max (and percentiles) across its acked subtasks,
+         *     like Flink's per-operator checkpoint details.
+         */
+        VertexCheckpointSummary: {
+            /** Vertex */
+            vertex: string;
+            /**
+             * Parallelism
+             * @description Subtasks of the vertex in the checkpoint's attempt.
+             */
+            parallelism: number;
+            /** Num Acknowledged Subtasks */
+            num_acknowledged_subtasks: number;
+            /**
+             * Num Unaligned
+             * @description Acked subtasks that took the checkpoint unaligned.
+             */
+            num_unaligned: number;
+            /** Latest Ack Timestamp */
+            latest_ack_timestamp: number | null;
+            end_to_end_duration: components["schemas"]["MinMaxAvg"];
+            state_size: components["schemas"]["MinMaxAvg"];
+            sync_duration: components["schemas"]["MinMaxAvg"];
+            async_duration: components["schemas"]["MinMaxAvg"];
+            alignment_duration: components["schemas"]["MinMaxAvg"];
+            start_delay: components["schemas"]["MinMaxAvg"];
+            processed_data: components["schemas"]["MinMaxAvg"];
+            persisted_data: components["schemas"]["MinMaxAvg"];
+        };
+        /** VertexLiveMetrics */
+        VertexLiveMetrics: {
+            /** Vertex */
+            vertex: string;
+            /** Parallelism */
+            parallelism: number;
+            /**
+             * Reporting
+             * @description Subtasks whose metrics are recent (see JobLiveMetrics.max_age).
+             */
+            reporting: number;
+            /**
+             * Records In Per Second
+             * @description Sum over the reporting subtasks.
+             */
+            records_in_per_second: number | null;
+            /** Bytes In Per Second */
+            bytes_in_per_second?: number | null;
+            /**
+             * Backpressure Max
+             * @description The most backpressured subtask's share (Flink's figure).
+             */
+            backpressure_max: number | null;
+            /** Backpressure Avg */
+            backpressure_avg?: number | null;
+            /** Subtasks */
+            subtasks: components["schemas"]["SubtaskLiveMetrics"][];
+        };
+        /**
+         * VertexRescale
+         * @description A vertex whose parallelism differs from the checkpoint's.
+         */
+        VertexRescale: {
+            /** Vertex */
+            vertex: string;
+            /** Old Parallelism */
+            old_parallelism: number;
+            /** New Parallelism */
+            new_parallelism: number;
+            /**
+             * Channel State Bytes
+             * @description Bytes of in-flight data redistributed for it: its input channel state and its upstreams' output channel state towards it.
+             */
+            channel_state_bytes: number;
         };
         /** ErrorBody */
         ErrorBody: {
@@ -1455,6 +1985,38 @@ export interface components {
              */
             unaligned: boolean;
         };
+        /**
+         * WrittenState
+         * @description A subtask's state written straight into the blob store: one object under its checkpoint's prefix holding the
+         *     operator state, then the channel state (whose segments' offsets count from its start).
+         */
+        WrittenState: {
+            /**
+             * Key
+             * @description The object's key, under the checkpoint's prefix.
+             */
+            key: string;
+            /**
+             * Size
+             * @description The object's size in bytes.
+             */
+            size: number;
+            /**
+             * Operator Size
+             * @description Bytes of operator state at its start.
+             */
+            operator_size: number;
+            /**
+             * Operator Sha256
+             * @default null
+             */
+            operator_sha256: string | null;
+            /**
+             * Channel Sha256
+             * @default null
+             */
+            channel_sha256: string | null;
+        };
         /** SubtaskAck */
         SubtaskAck: {
             /** Attempt */
@@ -1483,15 +2045,76 @@ export interface components {
              */
             key_group_end: number | null;
             metrics?: components["schemas"]["AckMetrics"];
-            /** @default null */
+            /**
+             * @description Operator state uploaded through the coordinator.
+             * @default null
+             */
             operator_state: components["schemas"]["BlobRef"] | null;
-            /** @default null */
+            /**
+             * @description Channel state uploaded through the coordinator.
+             * @default null
+             */
             channel_state: components["schemas"]["BlobRef"] | null;
+            /**
+             * @description State the subtask wrote straight into the blob store (instead of operator_state/channel_state).
+             * @default null
+             */
+            written: components["schemas"]["WrittenState"] | null;
         };
         /** AckBatch */
         AckBatch: {
             /** Acks */
             acks: components["schemas"]["SubtaskAck"][];
+        };
+        /**
+         * BlobDigest
+         * @description A blob that travels in the same request: its sha256 (verified before it is stored) and size.
+         */
+        BlobDigest: {
+            /**
+             * Sha256
+             * @description Hex sha256 of the part's bytes.
+             */
+            sha256: string;
+            /** Size */
+            size: number;
+        };
+        /**
+         * SubtaskReport
+         * @description A subtask's ack together with its state blobs, sent as one ``multipart/form-data`` request: this JSON as
+         *     the ``ack`` field and the blobs as the ``operator_state`` and ``channel_state`` file parts.
+         */
+        SubtaskReport: {
+            /** Attempt */
+            attempt: number;
+            /** Vertex */
+            vertex: string;
+            /** Subtask Index */
+            subtask_index: number;
+            /** Channel Segments */
+            channel_segments?: components["schemas"]["ChannelSegment"][];
+            /**
+             * Source Offsets
+             * @default null
+             */
+            source_offsets: {
+                [key: string]: unknown;
+            } | null;
+            /**
+             * Key Group Start
+             * @default null
+             */
+            key_group_start: number | null;
+            /**
+             * Key Group End
+             * @default null
+             */
+            key_group_end: number | null;
+            metrics?: components["schemas"]["AckMetrics"];
+            /** @default null */
+            operator_state: components["schemas"]["BlobDigest"] | null;
+            /** @default null */
+            channel_state: components["schemas"]["BlobDigest"] | null;
         };
     };
     responses: never;
@@ -1714,6 +2337,49 @@ export interface operations {
             };
         };
     };
+    list_attempts: {
+        parameters: {
+            query?: {
+                limit?: number;
+                offset?: number;
+            };
+            header?: never;
+            path: {
+                job_id: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AttemptPage"];
+                };
+            };
+            /** @description Invalid request: the message names the problem. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Refused: not found, conflict, unauthorized, forbidden, too large. */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
     start_attempt: {
         parameters: {
             query?: never;
@@ -1737,6 +2403,51 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Attempt"];
+                };
+            };
+            /** @description Invalid request: the message names the problem. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Refused: not found, conflict, unauthorized, forbidden, too large. */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    report_running: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                job_id: number;
+                attempt: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["RunningReport"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunningState"];
                 };
             };
             /** @description Invalid request: the message names the problem. */
@@ -2220,8 +2931,7 @@ export interface operations {
         requestBody: {
             content: {
                 "multipart/form-data": {
-                    /** @description The SubtaskReport as JSON: the ack, with the sha256 and size of each blob part. */
-                    ack: string;
+                    ack: components["schemas"]["SubtaskReport"];
                     /**
                      * Format: binary
                      * @description Operator-state blob.
@@ -2336,6 +3046,7 @@ export interface operations {
             };
             path: {
                 job_id: number;
+                /** @description A blob id the coordinator issued */
                 blob_id: string;
             };
             cookie?: never;
@@ -2358,6 +3069,52 @@ export interface operations {
                 };
                 content: {
                     "application/octet-stream": unknown;
+                };
+            };
+            /** @description Invalid request: the message names the problem. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Refused: not found, conflict, unauthorized, forbidden, too large. */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    report_corrupt_blob: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                job_id: number;
+                /** @description A blob id the coordinator issued */
+                blob_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CorruptBlob"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BlobInfo"];
                 };
             };
             /** @description Invalid request: the message names the problem. */
@@ -2491,6 +3248,91 @@ export interface operations {
                 };
                 content: {
                     "text/event-stream": unknown;
+                };
+            };
+            /** @description Invalid request: the message names the problem. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Refused: not found, conflict, unauthorized, forbidden, too large. */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    report_subtask_metrics: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                job_id: number;
+                attempt: number;
+                vertex: string;
+                subtask_index: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SubtaskMetricsReport"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Invalid request: the message names the problem. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Refused: not found, conflict, unauthorized, forbidden, too large. */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    job_live_metrics: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                job_id: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["JobLiveMetrics"];
                 };
             };
             /** @description Invalid request: the message names the problem. */

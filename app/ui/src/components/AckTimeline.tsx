@@ -1,4 +1,5 @@
-// When each subtask acknowledged, after the trigger: start delay, alignment, sync and async parts, then the rest.
+// When each subtask acknowledged, after the trigger: start delay, alignment, sync and async parts, then the rest (the
+// upload of its state with the acknowledgement, which the async figure does not include yet).
 import type { CheckpointDetail } from "../api/client";
 import { ms } from "../format";
 
@@ -79,10 +80,11 @@ export function AckTimeline({ cp }: { cp: CheckpointDetail }) {
           <i class="swatch seg-sync" /> sync
         </span>
         <span>
-          <i class="swatch seg-async" /> async
+          <i class="swatch seg-async" /> async (before the upload)
         </span>
         <span>
-          <i class="swatch seg-total" /> until ack
+          <i class="swatch seg-total" /> until ack: the upload of the state with the acknowledgement (and an aligned
+          barrier's wait in full outputs)
         </span>
         <span>
           <i class="swatch ack-dot-swatch" /> ack (filled: unaligned)

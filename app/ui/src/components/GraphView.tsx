@@ -1,8 +1,10 @@
-// The job graph drawn as layers of vertices (by longest path from the sources) joined by partitioned edges.
-import type { Graph } from "../api/client";
+// The job graph drawn as layers of vertices (by longest path from the sources) joined by partitioned edges; with live
+// metrics, each vertex shows its records/s and its backpressure (the busiest subtask's share of time blocked on output).
+import type { Graph, VertexLiveMetrics } from "../api/client";
+import { percent, rate } from "../format";
 
-const W = 168;
-const H = 58;
+const W = 206;
+const H = 78;
 const GAP_X = 96;
 const GAP_Y = 26;
 const PAD = 16;
@@ -33,7 +35,13 @@ export function layout(graph: Graph) {
   return { pos, width, height };
 }
 
-export function GraphView({ graph }: { graph: Graph }) {
+/** Flink's thresholds: up to 10% OK, up to 50% low, above that high. */
+export function pressure(share: number | null | undefined): "ok" | "low" | "high" | "none" {
+  if (share === null || share === undefined) return "none";
+  return share <= 0.1 ? "ok" : share <= 0.5 ? "low" : "high";
+}
+
+export function GraphView({ graph, live }: { graph: Graph; live?: Map<string, VertexLiveMetrics> }) {
   const { pos, width, height } = layout(graph);
   return (
     <svg
@@ -70,14 +78,34 @@ export function GraphView({ graph }: { graph: Graph }) {
       })}
       {graph.vertices.map((v) => {
         const p = pos.get(v.id)!;
+        const m = live?.get(v.id);
+        const level = m && m.reporting > 0 ? pressure(m.backpressure_max) : "none";
         return (
-          <g class={`vertex vertex-${v.kind ?? "operator"}`} data-vertex={v.id} transform={`translate(${p.x},${p.y})`}>
+          <g
+            class={`vertex vertex-${v.kind ?? "operator"} bp-${level}`}
+            data-vertex={v.id}
+            transform={`translate(${p.x},${p.y})`}
+          >
             <rect width={W} height={H} rx="8" />
             <text x="12" y="23" class="vertex-name">
               {v.name ?? v.id}
             </text>
             <text x="12" y="43" class="vertex-meta">
               {`${v.kind ?? "operator"}${v.keyed ? " · keyed" : ""} · parallelism ${v.parallelism}`}
+            </text>
+            <text x="12" y="63" class="vertex-live" data-live={v.id}>
+              {m && m.reporting > 0
+                ? `${rate(m.records_in_per_second)} · backpressure ${percent(m.backpressure_max)}`
+                : live
+                  ? "no live metrics"
+                  : ""}
+              <title>
+                {m && m.reporting > 0
+                  ? `${m.reporting}/${m.parallelism} subtasks reporting; records taken per second, summed; backpressure: ` +
+                    `the most blocked subtask's share of time waiting for room in its outputs ` +
+                    `(average ${percent(m.backpressure_avg)})`
+                  : "its subtasks have not reported metrics recently"}
+              </title>
             </text>
           </g>
         );

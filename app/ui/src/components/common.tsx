@@ -197,3 +197,24 @@ export function Link({ href, children, class: cls }: { href: string; children: C
     </a>
   );
 }
+
+/** Ask to confirm an action that cannot be undone; resolves true when confirmed. */
+export function confirmAction(title: string, message: string, confirmLabel: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    const dialog = document.createElement("dialog");
+    dialog.className = "confirm-dialog";
+    dialog.innerHTML = `<form method="dialog"><h3></h3><p></p>
+      <div class="actions"><button value="cancel">Keep running</button>
+      <button value="ok" class="primary danger-confirm"></button></div></form>`;
+    (dialog.querySelector("h3") as HTMLElement).textContent = title;
+    (dialog.querySelector("p") as HTMLElement).textContent = message;
+    (dialog.querySelector("button[value=ok]") as HTMLElement).textContent = confirmLabel;
+    document.body.appendChild(dialog);
+    dialog.addEventListener("close", () => {
+      const ok = dialog.returnValue === "ok";
+      dialog.remove();
+      resolve(ok);
+    });
+    dialog.showModal();
+  });
+}

@@ -1,19 +1,34 @@
-// A checkpoint: its fields, a timeline of acks and the per-subtask table with the slowest and largest highlighted.
+// A checkpoint: its fields and state, a per-vertex summary (min/avg/max across subtasks, as Flink shows it), a timeline
+// of acks and the per-subtask table with the outliers (slowest, largest channel states) highlighted.
 import { useEffect, useState } from "preact/hooks";
-import { api, call, type SubtaskStats } from "../api/client";
+import { api, call, interrupted, type MinMaxAvg, type SubtaskStats, type VertexCheckpointSummary } from "../api/client";
 import { AckTimeline } from "../components/AckTimeline";
 import { Empty, ErrorView, Link, Pager, StaleBanner, Status, TypeBadge, useData } from "../components/common";
-import { bytes, ms, time } from "../format";
+import { bytes, ms, percentile, time } from "../format";
 
 const HIGHLIGHT = 3;
+const OUTLIER = 1.5;
 const ROWS = 100;
 type Key = keyof SubtaskStats;
 
-function top(subtasks: SubtaskStats[], key: (s: SubtaskStats) => number): Set<string> {
-  const ranked = subtasks.filter((s) => key(s) > 0).sort((a, b) => key(b) - key(a));
-  const n = subtasks.length > HIGHLIGHT ? HIGHLIGHT : Math.min(1, subtasks.length);
+/** The outliers by `key`: at most one in ten subtasks (at most 3, at least 1), and only those above 1.5 times the
+ * median, so an even checkpoint highlights nothing. */
+export function outliers(subtasks: SubtaskStats[], key: (s: SubtaskStats) => number): Set<string> {
+  const values = subtasks.map(key).sort((a, b) => a - b);
+  const median = percentile(values, 0.5) ?? 0;
+  const n = Math.min(HIGHLIGHT, Math.max(1, Math.floor(subtasks.length / 10)));
+  const ranked = subtasks.filter((s) => key(s) > 0 && key(s) > OUTLIER * median).sort((a, b) => key(b) - key(a));
   return new Set(ranked.slice(0, n).map((s) => `${s.vertex}[${s.subtask_index}]`));
 }
+
+const ABORTED_BECAUSE: Record<string, string> = {
+  job_ended: "the job ended before every subtask acknowledged it; this is how a job's last checkpoint ends",
+  job_cancelled: "the job was cancelled before every subtask acknowledged it",
+  new_attempt: "a new attempt started (a restart) before every subtask acknowledged it",
+  subsumed: "a newer checkpoint completed first",
+  expired: "it took longer than the job's checkpoint timeout",
+  declined: "a subtask could not take it",
+};
 
 export function CheckpointPage({ jobId, cpId }: { jobId: number; cpId: number }) {
   const detail = useData(
@@ -54,8 +69,9 @@ export function CheckpointPage({ jobId, cpId }: { jobId: number; cpId: number })
     return <p class="muted">Loading checkpoint {cpId}…</p>;
   }
   const cp = detail.data;
-  const slow = top(cp.subtasks, (s) => s.end_to_end_duration);
-  const large = top(cp.subtasks, (s) => s.persisted_data);
+  const slow = outliers(cp.subtasks, (s) => s.end_to_end_duration);
+  const large = outliers(cp.subtasks, (s) => s.persisted_data);
+  const deleted = cp.status === "ABORTED" || cp.discarded;
   const rows = [...cp.subtasks].sort((a, b) => {
     const x = a[sort.key] as number | string | boolean;
     const y = b[sort.key] as number | string | boolean;
@@ -81,18 +97,35 @@ export function CheckpointPage({ jobId, cpId }: { jobId: number; cpId: number })
       </p>
       <header class="page-head">
         <h1>
-          {cp.is_savepoint ? "Savepoint" : "Checkpoint"} #{cp.id} <Status value={cp.status} />{" "}
+          {cp.is_savepoint ? "Savepoint" : "Checkpoint"} #{cp.id}{" "}
+          {interrupted(cp) ? <span class="badge status-interrupted">NOT FINISHED</span> : <Status value={cp.status} />}{" "}
           <TypeBadge value={cp.is_savepoint ? "savepoint" : cp.checkpoint_type} />
         </h1>
         <div class="actions">
           <Link class="button" href={`/jobs/${jobId}/checkpoints/${cp.id}/in-flight`}>
-            In-flight data ({bytes(cp.persisted_data)})
+            In-flight data ({bytes(cp.persisted_data)}
+            {deleted && cp.persisted_data ? ", deleted" : ""})
           </Link>
-          <button onClick={detail.reload}>Refresh</button>
+          {pending && <button onClick={detail.reload}>Refresh</button>}
         </div>
       </header>
       <StaleBanner error={detail.error} retry={detail.reload} />
-      {cp.failure_reason && <div class="notice notice-bad">{cp.failure_reason}</div>}
+      {cp.status === "ABORTED" && (
+        <div class={`notice ${interrupted(cp) ? "" : "notice-bad"} abort-notice`} role="status">
+          <strong>{interrupted(cp) ? "Not completed, not a failure" : "Failed"}</strong>
+          {cp.failure_timestamp ? ` at ${time(cp.failure_timestamp)}` : ""}:{" "}
+          {cp.abort_reason ? ABORTED_BECAUSE[cp.abort_reason] : "aborted"}
+          {cp.failure_reason ? (
+            <>
+              {" "}
+              (<code>{cp.failure_reason}</code>)
+            </>
+          ) : (
+            " (the coordinator recorded no reason)"
+          )}
+          . {cp.num_acknowledged_subtasks} of {cp.num_subtasks} subtasks had acknowledged it; their state was deleted.
+        </div>
+      )}
       <dl class="facts">
         <dt>attempt</dt>
         <dd>{cp.attempt}</dd>
@@ -103,8 +136,8 @@ export function CheckpointPage({ jobId, cpId }: { jobId: number; cpId: number })
         </dd>
         <dt>triggered</dt>
         <dd>{time(cp.trigger_timestamp)}</dd>
-        <dt>completed</dt>
-        <dd>{time(cp.completed_timestamp)}</dd>
+        <dt>{cp.status === "ABORTED" ? "aborted" : "completed"}</dt>
+        <dd>{time(cp.status === "ABORTED" ? cp.failure_timestamp : cp.completed_timestamp)}</dd>
         <dt>end to end</dt>
         <dd>{ms(cp.end_to_end_duration)}</dd>
         <dt>switched to unaligned</dt>
@@ -124,24 +157,34 @@ export function CheckpointPage({ jobId, cpId }: { jobId: number; cpId: number })
           {cp.num_acknowledged_subtasks}/{cp.num_subtasks}
         </dd>
       </dl>
-      {cp.pending_subtasks.length > 0 && (
+      {pending && cp.pending_subtasks.length > 0 && (
         <div class="notice">
           Waiting for {cp.pending_subtasks.length} subtask(s): {cp.pending_subtasks.slice(0, 40).join(", ")}
           {cp.pending_subtasks.length > 40 ? " …" : ""}
         </div>
       )}
+      {cp.vertices && cp.vertices.length > 0 && cp.subtasks.length > 0 && (
+        <div class="panel">
+          <h2>By vertex</h2>
+          <VertexSummary vertices={cp.vertices} />
+        </div>
+      )}
       <div class="panel">
         <h2>Timeline of acks</h2>
-        {cp.subtasks.length ? <AckTimeline cp={cp} /> : <Empty>No subtask has acknowledged yet.</Empty>}
+        {cp.subtasks.length ? (
+          <AckTimeline cp={cp} />
+        ) : (
+          <Empty>{pending ? "No subtask has acknowledged yet." : "No subtask acknowledged it."}</Empty>
+        )}
       </div>
       <div class="panel">
         <h2>Subtasks</h2>
-        <p class="legend">
+        <p class="legend" hidden={cp.subtasks.length === 0}>
           <span>
-            <i class="swatch row-slow" /> {HIGHLIGHT} slowest
+            <i class="swatch row-slow" /> slowest (above {OUTLIER}× the median, at most one in ten)
           </span>
           <span>
-            <i class="swatch row-large" /> {HIGHLIGHT} largest channel states
+            <i class="swatch row-large" /> largest channel states (same rule)
           </span>
         </p>
         {cp.subtasks.length > 0 && (
@@ -152,7 +195,7 @@ export function CheckpointPage({ jobId, cpId }: { jobId: number; cpId: number })
                 {th("ack_timestamp", "Acknowledged", false)}
                 {th("end_to_end_duration", "End to end")}
                 {th("sync_duration", "Sync")}
-                {th("async_duration", "Async")}
+                {th("async_duration", "Async*")}
                 {th("alignment_duration", "Alignment")}
                 {th("start_delay", "Start delay")}
                 {th("state_size", "State size")}
@@ -197,7 +240,72 @@ export function CheckpointPage({ jobId, cpId }: { jobId: number; cpId: number })
           onChange={setOffset}
           labels={["« First", "‹ Previous", "Next ›", "Last »"]}
         />
+        {cp.subtasks.length > 0 && <AsyncNote />}
       </div>
     </section>
+  );
+}
+
+/** What "async" means here, until subtasks write their state straight to the blob store. */
+export function AsyncNote() {
+  return (
+    <p class="footnote async-note">
+      * Async: what a subtask did after its snapshot before sending its acknowledgement. Its state is uploaded in the
+      same request as the acknowledgement, so the upload is not in this figure: it is part of the time until the ack
+      (the grey part of the timeline), together with, for an aligned barrier, the time the barrier waited behind the
+      buffers queued in the subtask's outputs.
+    </p>
+  );
+}
+
+const STATS: [keyof MinMaxAvg, string][] = [
+  ["min", "min"],
+  ["avg", "avg"],
+  ["max", "max"],
+];
+
+function VertexSummary({ vertices }: { vertices: VertexCheckpointSummary[] }) {
+  const cols: [keyof VertexCheckpointSummary, string, (v: number | null | undefined) => string][] = [
+    ["end_to_end_duration", "End to end", ms],
+    ["sync_duration", "Sync", ms],
+    ["async_duration", "Async*", ms],
+    ["alignment_duration", "Alignment", ms],
+    ["start_delay", "Start delay", ms],
+    ["state_size", "State size", bytes],
+    ["processed_data", "Processed", bytes],
+    ["persisted_data", "Persisted (in-flight)", bytes],
+  ];
+  return (
+    <table class="data vertex-summary">
+      <thead>
+        <tr>
+          <th>Vertex</th>
+          <th>Acknowledged</th>
+          <th />
+          {cols.map(([, label]) => (
+            <th class="num">{label}</th>
+          ))}
+        </tr>
+      </thead>
+      <tbody>
+        {vertices.flatMap((v) =>
+          STATS.map(([stat, label], i) => (
+            <tr data-vertex={v.vertex} data-stat={stat} class={i === 0 ? "first-of-vertex" : ""}>
+              {i === 0 && <td rowSpan={STATS.length}>{v.vertex}</td>}
+              {i === 0 && (
+                <td rowSpan={STATS.length}>
+                  {v.num_acknowledged_subtasks}/{v.parallelism}
+                  {v.num_unaligned ? <div class="muted">{v.num_unaligned} unaligned</div> : null}
+                </td>
+              )}
+              <td class="stat">{label}</td>
+              {cols.map(([key, , fmt]) => (
+                <td class="num">{fmt((v[key] as MinMaxAvg)[stat])}</td>
+              ))}
+            </tr>
+          )),
+        )}
+      </tbody>
+    </table>
   );
 }

@@ -2,7 +2,7 @@
 import { useEffect, useRef, useState } from "preact/hooks";
 import { api, call, type ChannelSegment, type SegmentPreview } from "../api/client";
 import { Empty, ErrorView, Link, useData } from "../components/common";
-import { bytes, count } from "../format";
+import { bytes, count, time } from "../format";
 
 type Picked = { vertex: string; subtask_index: number; segment: ChannelSegment };
 
@@ -47,10 +47,23 @@ export function InFlightPage({ jobId, cpId }: { jobId: number; cpId: number }) {
   const total = rows.reduce((a, r) => a + r.segment.length, 0);
   const records = rows.reduce((a, r) => a + r.segment.record_count, 0);
   const largest = Math.max(1, ...rows.map((r) => r.segment.length));
+  const m = manifest.data;
   return (
     <section>
       {crumbs}
       <h1>In-flight data of checkpoint #{cpId}</h1>
+      {m.deleted && (
+        <div class="notice deleted-notice" role="status">
+          {m.deleted_reason === "retention"
+            ? "This in-flight data was deleted by retention"
+            : "This in-flight data was deleted when the checkpoint was aborted"}
+          {m.deleted_at ? ` at ${time(m.deleted_at)}` : ""}
+          {m.deleted_reason === "retention"
+            ? ": the job keeps only its newest completed checkpoints (its 'retained' setting) and savepoints."
+            : "."}{" "}
+          The segments below are what the checkpoint recorded; their records can no longer be read.
+        </div>
+      )}
       {rows.length === 0 ? (
         <Empty>
           <h2>No in-flight data</h2>
@@ -104,9 +117,11 @@ export function InFlightPage({ jobId, cpId }: { jobId: number; cpId: number }) {
                       <span>{bytes(r.segment.length)}</span>
                     </td>
                     <td>
-                      <button class="small" onClick={() => setPicked(r)}>
-                        Preview
-                      </button>
+                      {!m.deleted && (
+                        <button class="small" onClick={() => setPicked(r)}>
+                          Preview
+                        </button>
+                      )}
                     </td>
                   </tr>
                 );
@@ -147,7 +162,13 @@ function Preview({ jobId, cpId, picked }: { jobId: number; cpId: number; picked:
         Records of <code>{picked.segment.channel}</code> ({picked.segment.direction}, {picked.vertex}[
         {picked.subtask_index}])
       </h2>
-      {preview.error && <ErrorView error={preview.error} retry={preview.reload} />}
+      {preview.error && (
+        <ErrorView
+          error={preview.error}
+          retry={preview.reload}
+          notFound={<h3>This segment can no longer be read</h3>}
+        />
+      )}
       {!preview.data && !preview.error && <p class="muted">Decoding…</p>}
       {preview.data && (
         <>

@@ -1,11 +1,36 @@
-// A job: graph, checkpoint config, history chart and paged table, trigger buttons, live updates from its events.
-import { useEffect, useRef, useState } from "preact/hooks";
-import { ApiError, api, call, type Checkpoint, type OvertakeEvent } from "../api/client";
+// A job: graph with live metrics, checkpoint config, attempts, history chart and paged table, actions that follow
+// the job's state (trigger while it runs; cancel and stop with a savepoint, confirmed), live updates from its events.
+import { useEffect, useMemo, useRef, useState } from "preact/hooks";
+import {
+  ACTIVE_STATUSES,
+  ApiError,
+  api,
+  call,
+  interrupted,
+  type AttemptInfo,
+  type Checkpoint,
+  type OvertakeEvent,
+  type VertexLiveMetrics,
+} from "../api/client";
 import { followEvents, type StreamState } from "../api/events";
-import { Empty, ErrorView, Link, Pager, StaleBanner, Status, TypeBadge, askToken, useData } from "../components/common";
+import {
+  Empty,
+  ErrorView,
+  Link,
+  Pager,
+  StaleBanner,
+  Status,
+  TypeBadge,
+  askToken,
+  confirmAction,
+  useData,
+} from "../components/common";
 import { GraphView } from "../components/GraphView";
 import { HistoryChart } from "../components/HistoryChart";
-import { age, bytes, count, ms, time } from "../format";
+import { age, bytes, count, ms, percentile, time } from "../format";
+import { warmUp } from "../warmup";
+
+const LIVE_EVERY = 2000;
 
 const PAGE = 20;
 type StatusFilter = "" | "COMPLETED" | "PENDING" | "ABORTED";
@@ -33,7 +58,36 @@ export function JobPage({ jobId }: { jobId: number }) {
       ),
     [jobId, offset, filter],
   );
-  const [stream, setStream] = useState<StreamState>("connecting");
+  const attempts = useData(
+    () => call(api.GET("/api/v1/jobs/{job_id}/attempts", { params: { path, query: { limit: 20 } } })),
+    [jobId],
+  );
+  const status = job.data?.status;
+  const running = status === undefined ? undefined : ACTIVE_STATUSES.includes(status);
+  const [live, setLive] = useState<Map<string, VertexLiveMetrics> | undefined>(undefined);
+  useEffect(() => {
+    if (!running) {
+      setLive(undefined);
+      return;
+    }
+    let stopped = false;
+    let timer: number | undefined;
+    const poll = async () => {
+      try {
+        const m = await call(api.GET("/api/v1/jobs/{job_id}/metrics", { params: { path } }));
+        if (!stopped) setLive(new Map(m.vertices.map((v) => [v.vertex, v])));
+      } catch {
+        /* the graph keeps the last figures; the banner reports an unreachable coordinator */
+      }
+      if (!stopped) timer = window.setTimeout(poll, LIVE_EVERY);
+    };
+    poll();
+    return () => {
+      stopped = true;
+      clearTimeout(timer);
+    };
+  }, [jobId, running]);
+  const [stream, setStream] = useState<StreamState | "ended">("connecting");
   const [streamKey, setStreamKey] = useState(0); // bumped to reconnect, e.g. after a token was entered
   const [events, setEvents] = useState<OvertakeEvent[]>([]);
   const [notice, setNotice] = useState<{ kind: "ok" | "bad"; text: string } | null>(null);
@@ -43,9 +97,11 @@ export function JobPage({ jobId }: { jobId: number }) {
     stats.reload();
     chart.reload();
     history.reload();
+    attempts.reload();
   };
 
   useEffect(() => {
+    if (running === undefined) return;
     let timer: number | undefined;
     let retry: number | undefined;
     let last = 0;
@@ -73,6 +129,10 @@ export function JobPage({ jobId }: { jobId: number }) {
         return;
       }
       if (cancelled) return;
+      if (!running) {
+        setStream("ended"); // an ended job sends no more events worth following
+        return;
+      }
       stop = followEvents(
         jobId,
         after,
@@ -95,30 +155,66 @@ export function JobPage({ jobId }: { jobId: number }) {
       clearTimeout(retry);
       stop();
     };
-  }, [jobId, streamKey]);
+  }, [jobId, streamKey, running]);
 
-  async function triggerAction(savepoint: boolean) {
-    setNotice(null);
-    const run = () =>
-      savepoint
-        ? call(api.POST("/api/v1/jobs/{job_id}/savepoints", { params: { path }, body: { stop: false } }))
-        : call(api.POST("/api/v1/jobs/{job_id}/checkpoints", { params: { path }, body: {} }));
+  /** Run a request; on 401/403 ask for the admin token once and run it again. */
+  async function withToken<T>(what: string, run: () => Promise<T>): Promise<T | null> {
     try {
-      let cp: Checkpoint;
-      try {
-        cp = await run();
-      } catch (e) {
-        if (!(e instanceof ApiError && (e.status === 401 || e.status === 403))) throw e;
-        const what = savepoint ? "a savepoint" : "a checkpoint";
-        if (!(await askToken(`Triggering ${what} needs the admin token. ${e.message}`))) return;
-        cp = await run();
-        setStreamKey((k) => k + 1);
-      }
-      setNotice({ kind: "ok", text: `${savepoint ? "Savepoint" : "Checkpoint"} #${cp.id} triggered.` });
+      return await run();
+    } catch (e) {
+      if (!(e instanceof ApiError && (e.status === 401 || e.status === 403))) throw e;
+      if (!(await askToken(`${what} needs the admin token. ${e.message}`))) return null;
+      const out = await run();
+      setStreamKey((k) => k + 1);
+      return out;
+    }
+  }
+
+  async function act(what: string, run: () => Promise<string | null>) {
+    setNotice(null);
+    try {
+      const text = await withToken(what, run);
+      if (text) setNotice({ kind: "ok", text });
       reloadAll.current();
     } catch (e) {
       setNotice({ kind: "bad", text: e instanceof ApiError ? e.message : String(e) });
     }
+  }
+
+  const triggerAction = (savepoint: boolean) =>
+    act(savepoint ? "Triggering a savepoint" : "Triggering a checkpoint", async () => {
+      const cp: Checkpoint = savepoint
+        ? await call(api.POST("/api/v1/jobs/{job_id}/savepoints", { params: { path }, body: { stop: false } }))
+        : await call(api.POST("/api/v1/jobs/{job_id}/checkpoints", { params: { path }, body: {} }));
+      return `${savepoint ? "Savepoint" : "Checkpoint"} #${cp.id} triggered.`;
+    });
+
+  async function stopWithSavepoint() {
+    const ok = await confirmAction(
+      "Stop the job with a savepoint?",
+      "An aligned savepoint is taken; once it completes the job ends as FINISHED, and it can be started again " +
+        "from the savepoint.",
+      "Stop with savepoint",
+    );
+    if (!ok) return;
+    await act("Stopping with a savepoint", async () => {
+      const cp = await call(api.POST("/api/v1/jobs/{job_id}/savepoints", { params: { path }, body: { stop: true } }));
+      return `Savepoint #${cp.id} triggered; the job stops once it completes.`;
+    });
+  }
+
+  async function cancelJob() {
+    const ok = await confirmAction(
+      "Cancel the job?",
+      "Its pending checkpoints are aborted and its subtasks stop. A cancelled job cannot be started again; its " +
+        "completed checkpoints and savepoints stay readable.",
+      "Cancel job",
+    );
+    if (!ok) return;
+    await act("Cancelling the job", async () => {
+      const j = await call(api.POST("/api/v1/jobs/{job_id}/cancel", { params: { path } }));
+      return `Job ${j.name} is ${j.status}.`;
+    });
   }
 
   if (!job.data) {
@@ -145,6 +241,11 @@ export function JobPage({ jobId }: { jobId: number }) {
   const j = job.data;
   const cfg = j.checkpoint;
   const s = stats.data;
+  const active = ACTIVE_STATUSES.includes(j.status);
+  const hasAttempt = j.current_attempt !== null && j.current_attempt !== undefined;
+  const failures = s ? s.counts.failed - (s.counts.interrupted ?? 0) : j.num_failed - (j.num_interrupted ?? 0);
+  const cut = s?.counts.interrupted ?? j.num_interrupted ?? 0;
+  const chartItems = chart.data ? [...chart.data.items].reverse() : [];
   return (
     <section>
       <p class="crumbs">
@@ -156,14 +257,32 @@ export function JobPage({ jobId }: { jobId: number }) {
         </h1>
         <div class="actions">
           <span class={`live live-${stream}`} title="event stream">
-            {stream === "live" ? "● live" : stream === "unauthorized" ? "○ events need a token" : `○ ${stream}`}
+            {stream === "live"
+              ? "● live"
+              : stream === "unauthorized"
+                ? "○ events need a token"
+                : stream === "ended"
+                  ? `○ ended ${age(j.updated_at)}`
+                  : `○ ${stream}`}
           </span>
-          <button class="primary" id="trigger-checkpoint" onClick={() => triggerAction(false)}>
-            Trigger checkpoint
-          </button>
-          <button id="trigger-savepoint" onClick={() => triggerAction(true)}>
-            Trigger savepoint
-          </button>
+          {active && hasAttempt && (
+            <>
+              <button class="primary" id="trigger-checkpoint" onClick={() => triggerAction(false)}>
+                Trigger checkpoint
+              </button>
+              <button id="trigger-savepoint" onClick={() => triggerAction(true)}>
+                Trigger savepoint
+              </button>
+              <button id="stop-with-savepoint" onClick={stopWithSavepoint}>
+                Stop with savepoint
+              </button>
+            </>
+          )}
+          {active && (
+            <button class="danger" id="cancel-job" onClick={cancelJob}>
+              Cancel job
+            </button>
+          )}
         </div>
       </header>
       {notice && (
@@ -171,13 +290,26 @@ export function JobPage({ jobId }: { jobId: number }) {
           {notice.text}
         </div>
       )}
-      {j.status_message && <p class="muted">{j.status_message}</p>}
+      {j.status_message && <p class="muted status-message">{j.status_message}</p>}
+      {!active && (
+        <p class="muted ended-note">
+          The job is {j.status}: it takes no more checkpoints. Its history and completed checkpoints stay here.
+        </p>
+      )}
+      {active && !hasAttempt && (
+        <p class="muted">No attempt has started yet: checkpoints can be triggered once its runtime starts one.</p>
+      )}
       <StaleBanner error={job.error ?? history.error} retry={() => reloadAll.current()} />
 
       <div class="cards">
         <Card label="Current attempt" value={j.current_attempt ?? "–"} />
         <Card label="Completed" value={count(s?.counts.completed ?? j.num_completed)} />
-        <Card label="Failed" value={count(s?.counts.failed ?? j.num_failed)} bad={(s?.counts.failed ?? 0) > 0} />
+        <Card
+          label="Failed"
+          value={count(failures)}
+          bad={failures > 0}
+          sub={cut ? `+ ${count(cut)} not finished (job ended, restart, subsumed)` : undefined}
+        />
         <Card label="In progress" value={count(s?.counts.in_progress ?? j.num_in_progress)} />
         <Card label="Savepoints" value={count(s?.counts.savepoints ?? 0)} />
         <Card
@@ -185,10 +317,7 @@ export function JobPage({ jobId }: { jobId: number }) {
           value={j.latest_completed_checkpoint_id ? `#${j.latest_completed_checkpoint_id}` : "–"}
           sub={age(j.latest_completed_at)}
         />
-        <Card
-          label="End-to-end p50 / p99"
-          value={`${ms(s?.summary.end_to_end_duration.p50)} / ${ms(s?.summary.end_to_end_duration.p99)}`}
-        />
+        <SteadyTile items={chartItems} complete={!!chart.data && chart.data.items.length >= chart.data.total} />
         <Card label="Persisted in-flight, max" value={bytes(s?.summary.persisted_data.max)} />
       </div>
 
@@ -196,8 +325,14 @@ export function JobPage({ jobId }: { jobId: number }) {
         <div class="panel">
           <h2>Graph</h2>
           <div class="graph-wrap">
-            <GraphView graph={j.graph} />
+            <GraphView graph={j.graph} live={live} />
           </div>
+          {active && (
+            <p class="footnote">
+              Live: records taken per second and backpressure (the busiest subtask's share of time waiting for room in
+              its outputs: green up to 10%, amber up to 50%, red above), as the subtasks report them every second.
+            </p>
+          )}
         </div>
         <div class="panel config">
           <h2>Checkpoint config</h2>
@@ -227,6 +362,13 @@ export function JobPage({ jobId }: { jobId: number }) {
         </div>
       </div>
 
+      {attempts.data && attempts.data.items.length > 0 && (
+        <div class="panel">
+          <h2>Attempts</h2>
+          <AttemptsTable jobId={jobId} items={attempts.data.items} graph={j.graph} />
+        </div>
+      )}
+
       <div class="panel">
         <div class="panel-head">
           <h2>History</h2>
@@ -241,10 +383,18 @@ export function JobPage({ jobId }: { jobId: number }) {
           </label>
         </div>
         {chart.data && chart.data.total > 0 ? (
-          <HistoryChart jobId={jobId} checkpoints={[...chart.data.items].reverse()} />
+          <HistoryChart
+            jobId={jobId}
+            checkpoints={chartItems}
+            warm={warmUp(chartItems, chart.data.items.length >= chart.data.total)}
+          />
         ) : chart.data ? (
           <Empty>
-            <p>No checkpoints yet. Trigger one with the button above, or set an interval.</p>
+            <p>
+              {active
+                ? "No checkpoints yet. Trigger one with the button above, or set an interval."
+                : `No checkpoints: the job is ${j.status}.`}
+            </p>
           </Empty>
         ) : null}
       </div>
@@ -315,6 +465,95 @@ function Card({ label, value, sub, bad }: { label: string; value: string | numbe
   );
 }
 
+/** End-to-end p50 / p99 of the loaded checkpoints after warm-up (each attempt's first completed one and those
+ * before it waited for its tasks to start). */
+function SteadyTile({ items, complete }: { items: Checkpoint[]; complete: boolean }) {
+  const figures = useMemo(() => {
+    const warm = warmUp(items, complete);
+    const values = items
+      .filter((c) => c.status === "COMPLETED" && !c.is_savepoint && !warm.has(c.id))
+      .map((c) => c.end_to_end_duration ?? 0)
+      .sort((a, b) => a - b);
+    return { p50: percentile(values, 0.5), p99: percentile(values, 0.99), n: values.length, warm: warm.size };
+  }, [items, complete]);
+  return (
+    <Card
+      label="End-to-end p50 / p99"
+      value={`${ms(figures.p50)} / ${ms(figures.p99)}`}
+      sub={`${figures.n} checkpoint${figures.n === 1 ? "" : "s"}${figures.warm ? " after warm-up" : ""}`}
+    />
+  );
+}
+
+function AttemptsTable({
+  jobId,
+  items,
+  graph,
+}: {
+  jobId: number;
+  items: AttemptInfo[];
+  graph: { vertices: { id: string; parallelism: number }[] };
+}) {
+  return (
+    <table class="data attempts">
+      <thead>
+        <tr>
+          <th class="num">Attempt</th>
+          <th>Started</th>
+          <th>Ended</th>
+          <th>Restored from</th>
+          <th>Passed over</th>
+          <th>Rescaled</th>
+        </tr>
+      </thead>
+      <tbody>
+        {items.map(({ fallbacks = [], rescaled = [], ...a }) => (
+          <tr data-attempt={a.attempt}>
+            <td class="num">{a.attempt}</td>
+            <td>{time(a.started_at)}</td>
+            <td>{a.ended_at ? time(a.ended_at) : <span class="muted">current</span>}</td>
+            <td class="restored">
+              {a.restored_checkpoint_id !== null && a.restored_checkpoint_id !== undefined ? (
+                <>
+                  {a.restored_is_savepoint ? "savepoint " : "checkpoint "}
+                  <Link href={`/jobs/${jobId}/checkpoints/${a.restored_checkpoint_id}`}>
+                    #{a.restored_checkpoint_id}
+                  </Link>
+                </>
+              ) : (
+                <span class="muted">fresh start</span>
+              )}
+            </td>
+            <td class={fallbacks.length ? "fallback" : ""}>
+              {fallbacks.length ? (
+                fallbacks.map((f) => (
+                  <div>
+                    <Link href={`/jobs/${jobId}/checkpoints/${f.checkpoint_id}`}>#{f.checkpoint_id}</Link>: {f.reason}
+                  </div>
+                ))
+              ) : a.recorded ? (
+                "–"
+              ) : (
+                <span class="muted">not recorded (older than the event log)</span>
+              )}
+            </td>
+            <td class="rescaled">
+              {rescaled.length
+                ? rescaled.map((r) => (
+                    <div>
+                      {r.vertex}: {r.old_parallelism} → {r.new_parallelism}
+                      {r.channel_state_bytes ? ` (${bytes(r.channel_state_bytes)} in flight redistributed)` : ""}
+                    </div>
+                  ))
+                : "–"}
+            </td>
+          </tr>
+        ))}
+      </tbody>
+    </table>
+  );
+}
+
 function HistoryTable({ jobId, items }: { jobId: number; items: Checkpoint[] }) {
   if (items.length === 0) return null;
   return (
@@ -337,12 +576,24 @@ function HistoryTable({ jobId, items }: { jobId: number; items: Checkpoint[] }) 
       </thead>
       <tbody>
         {items.map((c) => (
-          <tr data-checkpoint={c.id} class={c.status === "ABORTED" ? "row-bad" : ""}>
+          <tr
+            data-checkpoint={c.id}
+            class={interrupted(c) ? "row-interrupted" : c.status === "ABORTED" ? "row-bad" : ""}
+          >
             <td class="num">
               <Link href={`/jobs/${jobId}/checkpoints/${c.id}`}>#{c.id}</Link>
             </td>
             <td>
-              <Status value={c.status} />
+              {interrupted(c) ? (
+                <span
+                  class="badge status-interrupted"
+                  title="aborted because the job ended or restarted, or a newer checkpoint completed: not a failure"
+                >
+                  NOT FINISHED
+                </span>
+              ) : (
+                <Status value={c.status} />
+              )}
             </td>
             <td>
               <TypeBadge value={c.is_savepoint ? "savepoint" : c.checkpoint_type} />
@@ -353,10 +604,10 @@ function HistoryTable({ jobId, items }: { jobId: number; items: Checkpoint[] }) 
             <td class="num">{bytes(c.state_size)}</td>
             <td class="num">{bytes(c.processed_data)}</td>
             <td class="num">
-              {c.persisted_data ? (
+              {c.persisted_data && c.status === "COMPLETED" && !c.discarded ? (
                 <Link href={`/jobs/${jobId}/checkpoints/${c.id}/in-flight`}>{bytes(c.persisted_data)}</Link>
               ) : (
-                "0 B"
+                bytes(c.persisted_data)
               )}
             </td>
             <td class="num">{ms(c.alignment_duration)}</td>
@@ -366,7 +617,7 @@ function HistoryTable({ jobId, items }: { jobId: number; items: Checkpoint[] }) 
             <td class="note">
               {c.failure_reason ??
                 (c.discarded
-                  ? "discarded (retention)"
+                  ? "state deleted (retention)"
                   : c.switched_to_unaligned_timestamp
                     ? `switched to unaligned +${ms(c.switched_to_unaligned_timestamp - c.trigger_timestamp)}`
                     : "")}

@@ -67,7 +67,16 @@ export function JobsPage() {
                     )}
                   </td>
                   <td class="num">{j.num_completed}</td>
-                  <td class={`num ${j.num_failed ? "bad" : ""}`}>{j.num_failed}</td>
+                  <td
+                    class={`num ${j.num_failed - (j.num_interrupted ?? 0) ? "bad" : ""}`}
+                    title={
+                      j.num_interrupted
+                        ? `${j.num_interrupted} more did not finish because the job ended, restarted or a newer one completed`
+                        : undefined
+                    }
+                  >
+                    {j.num_failed - (j.num_interrupted ?? 0)}
+                  </td>
                   <td class="num">{j.num_in_progress}</td>
                 </tr>
               ))}
