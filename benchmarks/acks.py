@@ -35,6 +35,10 @@ class AckBenchResult:
     batch_size: int = 0
     no_group_commit_acks_per_s: float = 0.0
     completion_latency_ms: list[float] = field(default_factory=list)
+    state_bytes: int = 0
+    state_acks_per_s: float = 0.0
+    state_all_recorded_ms: list[float] = field(default_factory=list)
+    """Acks naming state the subtasks wrote into the store: first ack sent -> checkpoint.completed, per checkpoint."""
     errors: dict = field(default_factory=dict)
 
     @property
@@ -43,6 +47,9 @@ class AckBenchResult:
 
     def completion_p50(self) -> float:
         return statistics.median(self.completion_latency_ms) if self.completion_latency_ms else float("nan")
+
+    def state_recorded_p50(self) -> float:
+        return statistics.median(self.state_all_recorded_ms) if self.state_all_recorded_ms else float("nan")
 
     def markdown(self) -> str:
         def pct(x):
@@ -59,6 +66,13 @@ class AckBenchResult:
             f"{pct(self.no_group_commit_acks_per_s / self.ceiling_rps if self.ceiling_rps else 0)} |",
             f"| last ack sent → checkpoint.completed event, p50 | {self.completion_p50():.1f} ms | |",
         ]
+        if self.state_all_recorded_ms:
+            rows += [
+                f"| durable acks naming written state ({self.state_bytes:,} B per subtask, a stat each) | "
+                f"{self.state_acks_per_s:,.0f} acks/s | {pct(self.state_acks_per_s / self.ceiling_rps if self.ceiling_rps else 0)} |",
+                f"| {self.subtasks:,} subtasks with state: first ack sent → checkpoint.completed, p50 | "
+                f"{self.state_recorded_p50():.0f} ms | |",
+            ]
         return "\n".join(rows)
 
 
@@ -67,6 +81,7 @@ class _Completions:
 
     def __init__(self, url: str, job_id: int) -> None:
         self.times: dict[int, float] = {}
+        self.targets: dict[int, dict | None] = {}
         self._cv = threading.Condition()
         self._stop = False
         self._t = threading.Thread(target=self._run, args=(url, job_id), daemon=True)
@@ -90,6 +105,10 @@ class _Completions:
                         with self._cv:
                             self.times[e["data"]["checkpoint_id"]] = time.time()
                             self._cv.notify_all()
+                    elif e["type"] == "checkpoint.triggered":
+                        with self._cv:
+                            self.targets[e["data"]["checkpoint_id"]] = e["data"].get("target")
+                            self._cv.notify_all()
 
     def wait(self, cp: int, timeout: float = 60) -> float:
         with self._cv:
@@ -97,8 +116,40 @@ class _Completions:
                 raise TimeoutError(f"checkpoint {cp} did not complete")
             return self.times[cp]
 
+    def target(self, cp: int, timeout: float = 30) -> dict:
+        with self._cv:
+            if not self._cv.wait_for(lambda: cp in self.targets, timeout):
+                raise TimeoutError(f"checkpoint {cp}'s trigger event did not arrive")
+        target = self.targets[cp]
+        if target is None or not target["url"].startswith("file://"):
+            raise RuntimeError(f"checkpoint {cp} has no file:// write target ({target}); run the coordinator with "
+                               "OVERTAKE_STATE_WRITES=direct and a file:// store")
+        return target
+
     def stop(self) -> None:
         self._stop = True
+
+
+def _write_states(target: dict, subtasks: int, state_bytes: int) -> list[dict]:
+    """What each subtask would have written before its ack: one object under the checkpoint's prefix (written
+    without fsync: only the ack path is measured here), and the handle its ack names."""
+    import hashlib
+    import os
+    from urllib.parse import unquote, urlparse
+
+    root = Path(unquote(urlparse(target["url"]).path))
+    directory = root / target["prefix"]
+    directory.mkdir(parents=True, exist_ok=True)
+    op, ch = os.urandom(128), os.urandom(max(1, state_bytes - 128))
+    handles = []
+    for i in range(subtasks):
+        name = f"src-{i}-a1.state"
+        (directory / name).write_bytes(op + ch)
+        handles.append({
+            "key": target["prefix"] + name, "size": len(op) + len(ch), "operator_size": len(op),
+            "operator_sha256": hashlib.sha256(op).hexdigest(), "channel_sha256": hashlib.sha256(ch).hexdigest(),
+        })
+    return handles
 
 
 def _register(url: str, subtasks: int) -> int:
@@ -132,8 +183,11 @@ def _ack_body(i: int) -> dict:
 
 
 def _measure_acks(
-    url: str, port: int, subtasks: int, checkpoints: int, processes: int, concurrency: int, batch: int, result
+    url: str, port: int, subtasks: int, checkpoints: int, processes: int, concurrency: int, batch: int, result,
+    state_bytes: int = 0,
 ) -> tuple[float, list[float], dict]:
+    """Acks/s, and per checkpoint the latency to its checkpoint.completed event: from the last ack sent, or with
+    ``state_bytes`` (acks naming state written into the store) from the first."""
     job = _register(url, subtasks)
     host = f"127.0.0.1:{port}"
     completions = _Completions(url, job)
@@ -149,7 +203,14 @@ def _measure_acks(
                 .raise_for_status()
                 .json()["id"]
             )
-            if batch <= 1:
+            if state_bytes:
+                handles = _write_states(completions.target(cp), subtasks, state_bytes)
+                path = f"/api/v1/jobs/{job}/checkpoints/{cp}/acks"
+                reqs = [
+                    build_request("POST", path, host, {**_ack_body(i), "written": handles[i]})
+                    for i in range(subtasks)
+                ]
+            elif batch <= 1:
                 path = f"/api/v1/jobs/{job}/checkpoints/{cp}/acks"
                 reqs = [build_request("POST", path, host, _ack_body(i)) for i in range(subtasks)]
             else:
@@ -170,7 +231,7 @@ def _measure_acks(
             elapsed += run.finished - run.started
             acked += subtasks
             done = completions.wait(cp)
-            latencies.append(max(0.0, (done - run.last_sent) * 1000))
+            latencies.append(max(0.0, (done - (run.started if state_bytes else run.last_sent)) * 1000))
     completions.stop()
     return acked / elapsed, latencies, errors
 
@@ -206,6 +267,7 @@ def run(
     concurrency: int = 32,
     batch_size: int = 20,
     log=print,
+    state_bytes: int = 16 * 1024,
 ) -> AckBenchResult:
     result = AckBenchResult(
         subtasks=subtasks, checkpoints=checkpoints, processes=processes, concurrency=concurrency
@@ -229,6 +291,13 @@ def run(
                         result.acks_per_s, result.completion_latency_ms, result.errors = _measure_acks(
                             coord.url, coord.port, subtasks, checkpoints, processes, concurrency, 1, result
                         )
+                        if state_bytes:
+                            log(f"acks naming state written into the store ({state_bytes:,} B per subtask)")
+                            result.state_bytes = state_bytes
+                            result.state_acks_per_s, result.state_all_recorded_ms, _ = _measure_acks(
+                                coord.url, coord.port, subtasks, checkpoints, processes, concurrency, 1, result,
+                                state_bytes=state_bytes,
+                            )
                         log(f"batch acks ({batch_size} per request)")
                         result.batch_acks_per_s, _, _ = _measure_acks(
                             coord.url,
@@ -269,9 +338,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--processes", type=int, default=2, help="load generator processes")
     p.add_argument("--concurrency", type=int, default=32, help="connections per load generator process")
     p.add_argument("--batch-size", type=int, default=20)
+    p.add_argument("--state-bytes", type=int, default=16 * 1024,
+                   help="state per subtask in the run whose acks name written state (0: skip that run)")
     p.add_argument("--out", type=Path, default=Path("bench-results"))
     args = p.parse_args(argv)
-    r = run(args.postgres, args.subtasks, args.checkpoints, args.processes, args.concurrency, args.batch_size)
+    r = run(args.postgres, args.subtasks, args.checkpoints, args.processes, args.concurrency, args.batch_size,
+            state_bytes=args.state_bytes)
     args.out.mkdir(parents=True, exist_ok=True)
     text = "## Coordinator ack throughput (PostgreSQL, real HTTP)\n\n" + r.markdown() + "\n"
     (args.out / "acks.md").write_text(text)

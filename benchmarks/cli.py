@@ -7,17 +7,19 @@ Scenarios (default: all):
   throughput    3. throughput without backpressure, unaligned every second against no checkpoints
   disk          4. channel-state write bandwidth against raw sequential write bandwidth
   acks          5. coordinator ack throughput against its no-database ceiling
+  timers        6. unaligned checkpoint duration while bursts of event-time timers fire, against no timers
+                   (its own report: timers.md; benchmarks/timers.py)
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,39 +32,79 @@ SCENARIOS = {
     "throughput": "3. throughput without backpressure",
     "disk": "4. channel-state write bandwidth",
     "acks": "5. coordinator ack throughput",
+    "timers": "6. checkpoints while timers fire",
+    "state": "7. state straight into the store vs. through the coordinator",
 }
-_ALIASES = {"1": "checkpoints", "2": "throughput-bp", "3": "throughput", "4": "disk", "5": "acks"}
+_ALIASES = {"1": "checkpoints", "2": "throughput-bp", "3": "throughput", "4": "disk", "5": "acks", "6": "timers",
+            "7": "state"}
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="overtake bench", description=__doc__.split("\n\n")[0],
-                                 epilog=__doc__.split("\n\n", 1)[1],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("scenarios", nargs="*", metavar="scenario",
-                    help="which scenarios to run (names or numbers 1-5; default all)")
-    ap.add_argument("--quick", action="store_true", help="reduced settings: the whole run in under 5 minutes")
-    ap.add_argument("--out", type=Path, default=Path("bench-results"), help="results folder (default bench-results)")
-    ap.add_argument("--postgres", default=Settings.pg_admin_url,
-                    help="PostgreSQL admin URL; each run creates and drops its own database")
-    ap.add_argument("--seconds", type=float, help="length of each backpressured run (scenarios 1-2)")
-    ap.add_argument("--depths", help="shuffle depths of scenario 1, e.g. 1,3 (default 1,2,3)")
-    ap.add_argument("--policies", help="policies of scenario 1, comma-separated (default all three)")
-    args = ap.parse_args(argv)
+class BenchUsageError(ValueError):
+    """An option of ``overtake bench`` that cannot be used; the message says what to give instead."""
+
+
+@dataclass
+class BenchArgs:
+    """What ``overtake bench`` was asked to run (its options are declared in ``cli.main``)."""
+
+    chosen: list[str]
+    quick: bool = False
+    out: Path = Path("bench-results")
+    postgres: str = Settings.pg_admin_url
+    seconds: float | None = None
+    depths: str | None = None
+    policies: str | None = None
+
+    def command(self) -> str:
+        """The command line that asks for this run, for the report."""
+        parts = ["overtake", "bench", *([] if self.chosen == list(SCENARIOS) else self.chosen)]
+        if self.quick:
+            parts.append("--quick")
+        for flag, value in (("--seconds", self.seconds), ("--depths", self.depths), ("--policies", self.policies)):
+            if value is not None:
+                parts += [flag, str(value)]
+        if self.out != Path("bench-results"):
+            parts += ["--out", str(self.out)]
+        return shlex.join(parts)
+
+
+def bench_args(
+    scenarios: list[str],
+    quick: bool = False,
+    out: Path = Path("bench-results"),
+    postgres: str | None = None,
+    seconds: float | None = None,
+    depths: str | None = None,
+    policies: str | None = None,
+) -> BenchArgs:
+    """Checked options of a run: scenario names or their numbers (none: all)."""
     chosen = []
-    for s in args.scenarios:
+    for s in scenarios:
         name = _ALIASES.get(s, s)
         if name not in SCENARIOS:
-            ap.error(f"unknown scenario {s!r}; choose from {', '.join(SCENARIOS)} (or 1-5)")
+            raise BenchUsageError(f"unknown scenario {s!r}; choose from {', '.join(SCENARIOS)} (or 1-{len(SCENARIOS)})")
         chosen.append(name)
-    args.chosen = [s for s in SCENARIOS if s in chosen] if chosen else list(SCENARIOS)
-    if args.policies:
-        bad = [p for p in args.policies.split(",") if p.strip() not in POLICIES]
+    if policies:
+        bad = [p for p in policies.split(",") if p.strip() not in POLICIES]
         if bad:
-            ap.error(f"unknown policy {bad[0]!r}; choose from {', '.join(POLICIES)}")
-    return args
+            raise BenchUsageError(f"unknown policy {bad[0]!r}; choose from {', '.join(POLICIES)}")
+    if depths:
+        try:
+            tuple(int(d) for d in depths.split(","))
+        except ValueError:
+            raise BenchUsageError(f"--depths takes numbers separated by commas, e.g. 1,3; got {depths!r}") from None
+    return BenchArgs(
+        chosen=[s for s in SCENARIOS if s in chosen] if chosen else list(SCENARIOS),
+        quick=quick,
+        out=out,
+        postgres=postgres or Settings.pg_admin_url,
+        seconds=seconds,
+        depths=depths,
+        policies=policies,
+    )
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
+def settings_from(args: BenchArgs) -> Settings:
     over: dict[str, Any] = {"pg_admin_url": args.postgres}
     if args.seconds:
         over["backpressure_seconds"] = args.seconds
@@ -86,8 +128,8 @@ def _start_spark(tasks: int) -> Any:
     return spark
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``overtake bench``; returns the exit code."""
+def main(args: BenchArgs) -> int:
+    """Runs ``overtake bench``; returns the exit code."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -98,24 +140,23 @@ def main(argv: list[str] | None = None) -> int:
         TimeElapsedColumn,
     )
 
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
     s = settings_from(args)
     console = Console()
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    results = BenchResults(settings=s, command=shlex.join(["overtake", "bench", *argv]),
+    results = BenchResults(settings=s, command=args.command(),
                            started=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     t0 = time.monotonic()
     load0 = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     chosen = args.chosen
-    need_spark = any(c in chosen for c in ("checkpoints", "throughput-bp", "throughput"))
+    need_spark = any(c in chosen for c in ("checkpoints", "throughput-bp", "throughput", "state"))
     runs_1 = [(p, d) for d in s.depths for p in s.policies] if "checkpoints" in chosen else []
     if "throughput-bp" in chosen and not runs_1:
         runs_1 = [(p, min(s.depths)) for p in s.policies]
     steps = len(runs_1) + (1 if "throughput-bp" in chosen else 0)
     steps += 2 * s.no_backpressure_repeats if "throughput" in chosen else 0
-    steps += ("disk" in chosen) + ("acks" in chosen) + (2 if need_spark else 0)
+    steps += ("disk" in chosen) + ("acks" in chosen) + ("timers" in chosen) + ("state" in chosen)
+    steps += 2 if need_spark else 0
     steps += len(s.depths) if "checkpoints" in chosen else 0
 
     progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.fields[scenario]}"), BarColumn(bar_width=24),
@@ -181,10 +222,11 @@ def main(argv: list[str] | None = None) -> int:
                     n = s.parallelism * (d + 1)
                     un = results.run_of("unaligned", d)
                     per = int(un.persisted_avg / n) if un and un.persisted_avg else 256 << 10
-                    status(f"{n} subtasks x (blobs + ack in one request | 2 uploads + ack), {s.ack_path_rounds} checkpoints each")
+                    status(f"{n} subtasks x (state into the store + ack | blobs + ack through the coordinator), "
+                           f"{s.ack_path_rounds} checkpoints each")
                     a = measure(coordinator.url, n, s.ack_path_rounds, max(per, 1024))
                     results.ack_path.append(a)
-                    done(f"ack path, {n} subtasks: all acked p50 {a.p50:,.0f} ms")
+                    done(f"ack path, {n} subtasks: all acked p50 {a.direct_p50:,.0f} ms direct, {a.p50:,.0f} ms through the coordinator")
             if "throughput-bp" in chosen:
                 status("", SCENARIOS["throughput-bp"])
                 x = runner.backpressured(None, min(s.depths))
@@ -210,6 +252,38 @@ def main(argv: list[str] | None = None) -> int:
                 a = results.acks
                 done(f"acks: {a.acks_per_s:,.0f} acks/s vs ceiling {a.ceiling_rps:,.0f} req/s "
                      f"({a.ratio * 100:.0f}%)")
+                if shutil.which("wrk"):
+                    from benchmarks import ack_ceiling
+
+                    status("", "acks against the ceiling with wrk at 8, 32, 128 connections")
+                    levels = ack_ceiling.run(s.pg_admin_url, [8, 32, 128], 3 if args.quick else 5,
+                                             1 if args.quick else 3, log=status)
+                    table = ack_ceiling.markdown(levels)
+                    args.out.mkdir(parents=True, exist_ok=True)
+                    (args.out / "ack-ceiling.md").write_text(
+                        "## Durable acks against the no-database ceiling (wrk, PostgreSQL)\n\n" + table + "\n")
+                    done("acks vs ceiling (wrk): " + ", ".join(f"{lv.connections}: {lv.ratio:.2f}" for lv in levels))
+                else:
+                    done("acks vs ceiling (wrk): skipped, wrk is not installed (apt-get install wrk)")
+            if "timers" in chosen:
+                from benchmarks import timers
+
+                status("", SCENARIOS["timers"])
+                t_settings = timers.Settings.quick() if args.quick else timers.Settings()
+                if args.seconds:
+                    t_settings.seconds = args.seconds
+                timers.standalone(t_settings, out, results.command, status)
+                done(f"timers: report in {out / 'timers.md'}")
+            if "state" in chosen:
+                from benchmarks import state_paths
+
+                status("", SCENARIOS["state"])
+                machine = ", ".join(f"{k}: {v}" for k, v in results.machine.items())
+                sp = state_paths.measure(spark, s.pg_admin_url, s, status,
+                                         large_seconds=10.0 if args.quick else 20.0,
+                                         cpu_seconds=8.0 if args.quick else 20.0)
+                state_paths.write(sp, out, results.command, machine)
+                done(f"state paths: {state_paths.summary(sp)}; report in {out / 'state.md'}")
         except KeyboardInterrupt:
             results.errors["interrupted"] = "the run was interrupted; the report holds what was measured"
         except Exception as e:  # noqa: BLE001 - the report says what failed, with what was measured so far
@@ -240,6 +314,3 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"report: {path} ({results.seconds / 60:.1f} min)")
     return 1 if results.errors else 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -12,14 +12,13 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from spark_plugin.config import NetworkConfig
-from spark_plugin.pipeline import Pipeline
-from spark_plugin.sinks import DiscardSink
-from spark_plugin.sources import SequenceSource
+from spark_plugin import Pipeline
+from spark_plugin.connectors import DiscardSink, SequenceSource
+from spark_plugin.network.config import NetworkConfig
 
 POLICIES = ("aligned", "unaligned", "aligned_then_unaligned")
 
@@ -45,6 +44,8 @@ class Settings:
     """Scenario 3 alternates runs without and with checkpoints this many times each."""
     disk_total_mib: int = 512
     disk_repeats: int = 3
+    disk_writers: int = 4
+    """Subtasks writing channel state at once in the disk scenario (a depth-1 pipeline at parallelism 2 has 4)."""
     ack_path_rounds: int = 20
     """Checkpoints of the ack-path floor measurement (per depth: as many subtasks as that pipeline has)."""
     ack_subtasks: int = 2000
@@ -266,9 +267,9 @@ class Runner:
         self._n = 0
 
     def run(self, scenario: str, label: str, pipeline_factory: Callable[[str], Pipeline], last_vertex: str,
-            policy: str | None, depth: int, seconds: float) -> RunStats:
-        from client.models import CheckpointConfig
+            policy: str | None, depth: int, seconds: float, network: NetworkConfig | None = None) -> RunStats:
         from client.sync import OvertakeClient
+        from contract.models import CheckpointConfig
 
         self._n += 1
         name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"bench-{scenario}-{label}-{int(time.time())}-{self._n}")
@@ -286,7 +287,7 @@ class Runner:
         def target() -> None:
             try:
                 outcome["result"] = pipeline.run(self.spark, self.url, checkpoint=config, time_limit=seconds,
-                                                 network=self.s.network())
+                                                 network=network or self.s.network())
             except BaseException as e:  # noqa: BLE001 - re-raised below
                 outcome["error"] = e
             outcome["ended"] = int(time.time() * 1000)
@@ -328,10 +329,15 @@ class Runner:
                 stats.breakdown = ack_breakdown(client, result.job_id, cps, stats)
         return stats
 
-    def backpressured(self, policy: str | None, depth: int, scenario: str = "backpressure") -> RunStats:
+    def backpressured(self, policy: str | None, depth: int, scenario: str = "backpressure",
+                      network: NetworkConfig | None = None, seconds: float | None = None,
+                      payload_bytes: int | None = None) -> RunStats:
+        """The backpressured pipeline at ``depth``; ``network``, ``seconds`` and ``payload_bytes`` override the
+        settings' for this run."""
         label = f"{policy or 'no checkpoints'}, depth {depth}"
-        return self.run(scenario, label, lambda n: backpressured_pipeline(n, depth, self.s), f"slow-{depth}",
-                        policy, depth, self.s.backpressure_seconds)
+        s = self.s if payload_bytes is None else replace(self.s, payload_bytes=payload_bytes)
+        return self.run(scenario, label, lambda n: backpressured_pipeline(n, depth, s), f"slow-{depth}",
+                        policy, depth, seconds or self.s.backpressure_seconds, network)
 
     def free(self, policy: str | None) -> RunStats:
         label = f"{policy or 'no checkpoints'}, no backpressure"
@@ -377,7 +383,7 @@ class DiskStats:
 
 def realistic_buffers(s: Settings, n: int = 16) -> list[tuple[bytes, int]]:
     """``n`` full network buffers of the benchmark's records, framed by the runtime's own BufferBuilder."""
-    from spark_plugin.framing import BufferBuilder
+    from spark_plugin.network.framing import BufferBuilder
 
     src = SequenceSource(keys=s.keys, skew=s.skew, payload=s.payload_bytes)
     src.open(0, 1)
@@ -425,51 +431,63 @@ def raw_write(path: Path, total: int, chunk: int = 4 << 20) -> float:
 
 
 def channel_state_write(directory: Path, total: int, blob: int, buffers: list[tuple[bytes, int]],
-                        to_disk: bool = True) -> tuple[float, float]:
-    """Seconds to persist ``total`` bytes of channel state as blobs of about ``blob`` bytes, and the mean fsync.
+                        to_disk: bool = True, writers: int = 1) -> tuple[float, float]:
+    """Seconds to persist ``total`` bytes of channel state as blobs of about ``blob`` bytes by ``writers`` subtasks at
+    once (each its share, as a checkpoint's subtasks write at the same time), and the mean time to make one blob
+    durable.
 
     Each blob goes through the runtime's :class:`ChannelStateWriter` (2 input channels whose buffers are counted
-    by the writer as the runtime's input side does, 2 output channels with known record counts), ``result()``
-    lays it out, and it is written to its own file, fsynced and renamed into place with the directory fsynced,
-    as the coordinator's file blob store commits an upload. With ``to_disk=False`` only the writer runs.
+    by the writer as the runtime's input side does, 2 output channels with known record counts), ``take()``
+    lays it out, and the subtask's :class:`StateWriter` writes it under its checkpoint's prefix as a subtask does
+    straight into a ``file://`` store (a temporary file, fsynced, renamed into place, the directory fsynced). With
+    ``to_disk=False`` only the channel-state writer runs.
     """
-    from spark_plugin.channel_state import ChannelInfo, ChannelStateWriter
+    from contract.models import WriteTarget
+    from spark_plugin.plan.topology import ChannelInfo
+    from spark_plugin.task.channel_state import ChannelStateWriter
+    from spark_plugin.task.state_store import StateWriter
 
     infos = [ChannelInfo(f"in-{i}", "input", "upstream", i, "hash") for i in range(2)]
     infos += [ChannelInfo(f"out-{i}", "output", "downstream", i, "hash") for i in range(2)]
     per_blob = max(1, blob // len(buffers[0][0]))
-    written = 0
-    cid = 0
-    fsyncs: list[float] = []
-    t0 = time.perf_counter()
-    while written < total:
-        cid += 1
-        w = ChannelStateWriter()
-        w.start(cid)
-        for i in range(per_blob):
-            data, records = buffers[i % len(buffers)]
-            info = infos[i % len(infos)]
-            if info.direction == "input":
-                w.add_input_data(info, data)
-            else:
-                w.add_output_data(info, data, records)
-        w.finish_input()
-        w.finish_output()
-        res = w.result()
-        if to_disk:
-            tmp = directory / f".staging-{cid}"
-            with open(tmp, "wb", buffering=0) as f:
-                f.write(res.data)
+    durable: list[float] = []
+    written = [0] * writers
+
+    def subtask(k: int) -> None:
+        writer = StateWriter(f"subtask-{k}.state")
+        cid = 0
+        while written[k] < total // writers:
+            cid += 1
+            w = ChannelStateWriter()
+            w.start(cid)
+            for i in range(per_blob):
+                data, records = buffers[i % len(buffers)]
+                info = infos[i % len(infos)]
+                if info.direction == "input":
+                    w.add_input_data(cid, info, data)
+                else:
+                    w.add_output_data(cid, info, data, records)
+            w.finish_input(cid)
+            w.finish_output(cid)
+            res = w.take(cid)
+            if to_disk:
                 f0 = time.perf_counter()
-                os.fsync(f.fileno())
-                fsyncs.append(time.perf_counter() - f0)
-            os.replace(tmp, directory / f"cp-{cid}.bin")
-            _fsync_dir(directory)
-        written += len(res.data)
+                writer.write(WriteTarget(prefix=f"job-1/cp-{cid:012d}/", url=directory.as_uri()), None, res.data)
+                durable.append(time.perf_counter() - f0)
+            written[k] += len(res.data)
+
+    threads = [threading.Thread(target=subtask, args=(k,)) for k in range(writers)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     elapsed = time.perf_counter() - t0
-    for p in directory.glob("cp-*.bin"):
+    for p in directory.glob("job-1/cp-*/subtask-*.state"):
         p.unlink()
-    return elapsed * total / written, (statistics.mean(fsyncs) * 1000 if fsyncs else 0.0)
+    for p in directory.glob("job-1/cp-*"):
+        p.rmdir()
+    return elapsed * total / sum(written), (statistics.mean(durable) * 1000 if durable else 0.0)
 
 
 def disk_bench(directory: Path, s: Settings, status: Callable[[str], None] = lambda m: None) -> DiskStats:
@@ -484,7 +502,7 @@ def disk_bench(directory: Path, s: Settings, status: Callable[[str], None] = lam
         status(f"raw sequential write {i + 1}/{s.disk_repeats}")
         st.raw_mib_s.append(mib / raw_write(directory / "raw.bin", total))
         status(f"channel-state writer to files {i + 1}/{s.disk_repeats}")
-        secs, fs = channel_state_write(directory, total, blob, bufs)
+        secs, fs = channel_state_write(directory, total, blob, bufs, writers=s.disk_writers)
         st.channel_state_mib_s.append(mib / secs)
         st.fsync_per_blob_ms.append(fs)
         status(f"channel-state writer in memory {i + 1}/{s.disk_repeats}")

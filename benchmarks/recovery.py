@@ -8,8 +8,10 @@
    Reported per policy (aligned, unaligned; one after the other in one run): records committed per minute,
    restarts, checkpoints completed.
 2. **Recovery time against in-flight data.** With more network buffers per channel (more data in flight), an
-   unaligned run stops after a few checkpoints; a new attempt restores the latest one. Recovery time is from submitting the new attempt until its
-   keyed stage processed the last restored in-flight record (or, with nothing in flight, its first record).
+   unaligned run stops after a few checkpoints; a new attempt restores the latest one, at the same parallelism and
+   with the keyed stage rescaled (2 -> 4 and 2 -> 1), in one run. Recovery time is from submitting the new attempt
+   until its keyed stage processed the last restored in-flight record (or, with nothing in flight, its first
+   record).
 
 Writes ``recovery.md`` (and ``recovery.json``) into ``--out``. Needs Java 17+ for local Spark; the coordinator runs
 embedded (SQLite) in a temporary directory.
@@ -31,38 +33,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spark_plugin.failure_injection import Announce, announce
+from spark_plugin.testing.failure_injection import Announce, SlowCountPerKey
 
 ROOT = Path(__file__).resolve().parents[1]
 
 # ------------------------------------------------------------------------------------------- pipeline parts
 
 
-class SlowCount:
-    """Keyed, slow (the backpressure), counts per key; emits ``(key, seq, n, processed_at)``."""
-
-    def __init__(self, pid_dir: str, delay: float) -> None:
-        self.pid_dir = pid_dir
-        self.delay = delay
-
-    def __call__(self, key, record, state):
-        announce(self.pid_dir)
-        time.sleep(self.delay)
-        n = (state.value() or 0) + 1
-        state.update(n)
-        return [(key, record[1], n, time.time())]
-
-
-def counter(name: str, sink: Any, pid_dir: str, delay: float, count: int | None = None):
+def counter(name: str, sink: Any, pid_dir: str, delay: float, count: int | None = None, keyed: int = 2):
+    from spark_plugin.connectors import SequenceSource
     from spark_plugin.pipeline import Pipeline
-    from spark_plugin.sources import SequenceSource
 
     p = Pipeline(name, parallelism=2)
     (
         p.source(SequenceSource(count=count, keys=64), id="src")
         .map(Announce(pid_dir), id="announce")
         .key_by(lambda r: r[0])
-        .process(SlowCount(pid_dir, delay), id="count")
+        .process(SlowCountPerKey(pid_dir, delay, stamp=True), id="count", parallelism=keyed)
         .sink(sink, id="out")
     )
     return p
@@ -125,12 +112,18 @@ NETWORKS = {
 }
 
 
+RESCALES = {"same": 2, "out": 4, "in": 1}
+"""The keyed stage's parallelism in the restoring attempt (it ran with 2)."""
+
+
 @dataclass
 class RecoveryPoint:
     buffers: str
     restored_bytes: int
     restored_records: int
     recovery_s: float
+    keyed_parallelism: int = 2
+    """The keyed stage's parallelism when restoring (2: as checkpointed)."""
 
 
 @dataclass
@@ -142,11 +135,11 @@ class Report:
 
 def progress_under_failures(spark, url: str, policy: str, duration: float, every: float, delay: float,
                             workdir: Path) -> ProgressResult:
-    from client.models import CheckpointConfig
     from client.sync import OvertakeClient
+    from contract.models import CheckpointConfig
     from spark_plugin.connectors import FileSink
-    from spark_plugin.restart import FixedDelay
-    from spark_plugin.supervisor import Supervisor
+    from spark_plugin.driver.restart import FixedDelay
+    from spark_plugin.driver.supervisor import Supervisor
 
     pid_dir, out = workdir / f"pids-{policy}", workdir / f"out-{policy}"
     pid_dir.mkdir()
@@ -186,19 +179,19 @@ def progress_under_failures(spark, url: str, policy: str, duration: float, every
     )
 
 
-def recovery_time(spark, url: str, buffers: str, delay: float, workdir: Path) -> RecoveryPoint:
-    from client.models import CheckpointConfig
+def recovery_time(spark, url: str, buffers: str, delay: float, workdir: Path, rescale: str = "same") -> RecoveryPoint:
     from client.sync import OvertakeClient
-    from spark_plugin.config import NetworkConfig
-    from spark_plugin.execution import run_pipeline
-    from spark_plugin.sinks import CollectSink
+    from contract.models import CheckpointConfig
+    from spark_plugin.connectors import CollectSink
+    from spark_plugin.driver.run import run_pipeline
+    from spark_plugin.network.config import NetworkConfig
 
     exclusive, floating, out_max = NETWORKS[buffers]
     network = NetworkConfig(exclusive_buffers_per_channel=exclusive, floating_buffers_per_gate=floating,
                             max_buffers_per_output_channel=out_max)
-    pid_dir = workdir / f"pids-restore-{buffers}"
+    pid_dir = workdir / f"pids-restore-{buffers}-{rescale}"
     pid_dir.mkdir()
-    name = f"bench-restore-{buffers}"
+    name = f"bench-restore-{buffers}-{rescale}"
     cfg = CheckpointConfig(interval=700, policy="unaligned", timeout=60_000, retained=10)
     first = run_pipeline(
         counter(name, CollectSink(), str(pid_dir), delay), spark, url, checkpoint=cfg, network=network,
@@ -207,18 +200,21 @@ def recovery_time(spark, url: str, buffers: str, delay: float, workdir: Path) ->
     with OvertakeClient(url) as c:
         plan = c.restore_plan(first.job_id)
     restored_bytes = sum(s.length for sub in plan.subtasks for s in sub.input_channel_state + sub.output_channel_state)
-    emitted = {sub.subtask_index: sub.source_offsets["emitted"] for sub in plan.subtasks if sub.vertex == "src"}
+    # records each sequence split had emitted by the checkpoint (two splits: the sources' first parallelism)
+    emitted = {int(split): n for sub in plan.subtasks if sub.vertex == "src"
+               for split, n in sub.source_offsets["positions"].items()}
     count = 2 * max(emitted.values()) + 2_000
+    keyed = RESCALES[rescale]
     submitted = time.time()
     second = run_pipeline(
-        counter(name, CollectSink(), str(pid_dir), delay, count=count), spark, url, network=network,
+        counter(name, CollectSink(), str(pid_dir), delay, count=count, keyed=keyed), spark, url, network=network,
         checkpoint=cfg, job_id=first.job_id, restore_from=plan.checkpoint_id,
     )
     out = second.outputs("out")
     # a record is restored in-flight data when its source had emitted it by the checkpoint
     replayed = [r for r in out if r[1] // 2 < emitted[r[1] % 2]]
     done_at = max(r[3] for r in replayed) if replayed else min(r[3] for r in out)
-    return RecoveryPoint(buffers, restored_bytes, len(replayed), done_at - submitted)
+    return RecoveryPoint(buffers, restored_bytes, len(replayed), done_at - submitted, keyed)
 
 
 # -------------------------------------------------------------------------------------------------- report
@@ -229,7 +225,7 @@ def markdown(report: Report, command: str) -> str:
     lines = [
         "# Recovery benchmark",
         "",
-        f"`{command}` — {s['cpus']} cores; local Spark `local[4]`; embedded coordinator (SQLite).",
+        f"`{command}` — {s['cpus']} cores; local Spark `local[8]`; embedded coordinator (SQLite).",
         "",
         f"## Progress under failures (a SIGKILLed subtask every ~{s['kill_every']:.0f} s, {s['duration']:.0f} s per "
         "policy, one run)",
@@ -249,14 +245,17 @@ def markdown(report: Report, command: str) -> str:
         "## Recovery time against restored in-flight data (unaligned)",
         "",
         "From submitting the new attempt (Spark stage start included) until the keyed stage processed the last "
-        "restored in-flight record.",
+        "restored in-flight record; the keyed stage ran with parallelism 2 and restores with 2 (as checkpointed), "
+        "4 or 1 (rescaled: its state and in-flight records redistributed by key group).",
         "",
-        "| buffers (exclusive / floating / output max) | in-flight data restored | records replayed | recovery time |",
-        "| --- | ---: | ---: | ---: |",
+        "| buffers (exclusive / floating / output max) | keyed stage | in-flight data restored | records replayed "
+        "| recovery time |",
+        "| --- | --- | ---: | ---: | ---: |",
     ]
     for r in report.recovery:
-        lines.append(f"| {r.buffers} {NETWORKS[r.buffers]} | {r.restored_bytes / 1024:,.0f} KiB | {r.restored_records:,} | "
-                     f"{r.recovery_s:.2f} s |")
+        scaled = "2" if r.keyed_parallelism == 2 else f"2 → {r.keyed_parallelism}"
+        lines.append(f"| {r.buffers} {NETWORKS[r.buffers]} | {scaled} | {r.restored_bytes / 1024:,.0f} KiB | "
+                     f"{r.restored_records:,} | {r.recovery_s:.2f} s |")
     return "\n".join(lines) + "\n"
 
 
@@ -268,7 +267,7 @@ def _spark():
     from pyspark.sql import SparkSession
 
     spark = (
-        SparkSession.builder.master("local[4]").appName("overtake-bench-recovery")
+        SparkSession.builder.master("local[8]").appName("overtake-bench-recovery")
         .config("spark.ui.enabled", "false").config("spark.python.worker.reuse", "true")
         .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"]).getOrCreate()
     )
@@ -283,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--delay", type=float, default=0.0003, help="seconds per record in the keyed stage")
     ap.add_argument("--buffers", default="small,default,large", help=f"network sizes for the recovery-time runs: "
                     f"{', '.join(NETWORKS)}")
+    ap.add_argument("--rescales", default="same,out,in", help=f"keyed-stage parallelism when restoring: "
+                    f"{', '.join(f'{k} ({v})' for k, v in RESCALES.items())}")
     ap.add_argument("--skip-progress", action="store_true")
     ap.add_argument("--skip-recovery", action="store_true")
     ap.add_argument("--out", default="bench-results", help="results folder (default bench-results)")
@@ -304,8 +305,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
         if not args.skip_recovery:
             for buffers in (x for x in args.buffers.split(",") if x):
-                print(f"recovery time: {buffers} network buffers ...", file=sys.stderr)
-                report.recovery.append(recovery_time(spark, live.url, buffers, args.delay, work))
+                for rescale in (x for x in args.rescales.split(",") if x):
+                    print(f"recovery time: {buffers} network buffers, keyed stage {rescale} ...", file=sys.stderr)
+                    report.recovery.append(recovery_time(spark, live.url, buffers, args.delay, work, rescale))
     spark.stop()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.flip76 import DiskStats, RunStats, Settings
+from contract.units import human_bytes
 
 
 @dataclass
@@ -100,13 +101,7 @@ def ms(v: float | None, bound: bool = False) -> str:
 
 
 def nbytes(v: float | None) -> str:
-    if v is None:
-        return "–"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(v) < 1024 or unit == "GiB":
-            return f"{v:,.0f} {unit}" if unit == "B" else f"{v:,.1f} {unit}"
-        v /= 1024
-    return str(v)
+    return human_bytes(v, "–")
 
 
 def ratio(a: float | None, b: float | None, bound: bool = False) -> str:
@@ -298,25 +293,22 @@ def markdown(r: BenchResults) -> str:
         if r.ack_path:
             out.append("**Floor of the ack path** (`benchmarks/ackpath.py`, no pipeline): for each depth, as many "
                        "threads as that pipeline has subtasks do, at once, what every subtask does after its "
-                       "barrier — send its operator-state blob, a channel-state blob (the unaligned run's mean "
-                       "persisted bytes per subtask) and its ack in one request, as the runtime does — against the "
-                       "same coordinator. *All acked* is the shortest checkpoint those subtasks can have on this "
-                       "machine, whatever the barriers do. Alternate rounds take the three-request path (two "
-                       "uploads, then the ack).\n")
+                       "barrier with a channel-state blob of the unaligned run's mean persisted bytes per subtask, "
+                       "against the same coordinator, in alternating rounds: *direct* — write the state as one "
+                       "object into the blob store (fsynced) and ack its handle, the coordinator stats it; *through "
+                       "the coordinator* — blobs and ack in one request. *All acked* is the shortest checkpoint "
+                       "those subtasks can have on this machine, whatever the barriers do.\n")
             rows = []
             for a in r.ack_path:
                 d = a.as_dict()
                 depth = a.subtasks // s.parallelism - 1
                 un = r.run_of("unaligned", depth)
-                three = d.get("three_requests_p50")
-                rows.append([str(depth), str(a.subtasks), nbytes(a.channel_blob_bytes), ms(a.p50), ms(three),
-                             ratio(three, a.p50) if three else "–", ms(d["operator_upload_p50"]),
-                             ms(d["channel_upload_p50"]), ms(d["ack_p50"]),
-                             ms(un.p50) if un else "–", ratio(a.p50, un.p50) if un else "–"])
-            out.append(_table(["depth", "subtasks", "channel blob", "all acked p50 (1 request)",
-                               "all acked p50 (3 requests)", "3 ÷ 1", "operator upload p50",
-                               "channel upload p50", "ack p50", "unaligned checkpoint p50", "floor ÷ checkpoint"],
-                              rows) + "\n")
+                rows.append([str(depth), str(a.subtasks), nbytes(a.channel_blob_bytes), ms(d["direct_p50"]),
+                             ms(d["write_p50"]), ms(d["ack_p50"]), ms(a.p50), ratio(a.p50, d["direct_p50"]),
+                             ms(un.p50) if un else "–"])
+            out.append(_table(["depth", "subtasks", "channel blob", "all acked p50, direct", "write p50",
+                               "ack p50", "all acked p50, through the coordinator", "through ÷ direct",
+                               "unaligned checkpoint p50"], rows) + "\n")
         reasons = sorted({f"{x.label}: {a}" for x in r.backpressure for a in x.abort_reasons})
         if reasons:
             out.append("Abort reasons: " + "; ".join(reasons) + "\n")
@@ -378,7 +370,8 @@ def markdown(r: BenchResults) -> str:
         ]
         out.append(_table(["measurement", "MiB/s", "vs raw"], rows) + "\n")
         if d.fsync_per_blob_ms:
-            out.append(f"Mean fsync per blob: {sum(d.fsync_per_blob_ms) / len(d.fsync_per_blob_ms):.2f} ms.\n")
+            out.append(f"Mean durable write per blob (write, fsync, rename, directory fsync): "
+                       f"{sum(d.fsync_per_blob_ms) / len(d.fsync_per_blob_ms):.2f} ms.\n")
 
     if r.acks is not None:
         a = r.acks
@@ -413,10 +406,10 @@ def readme_section(r: BenchResults, plot_path: str = "checkpoint_duration.png") 
         out.append(checkpoint_table(r) + "\n")
         out.append(f"![checkpoint duration by policy and shuffle depth]({plot_path})\n")
         if r.ack_path:
-            floors = ", ".join(f"{ms(a.p50)} for {a.subtasks} subtasks (depth {a.subtasks // s.parallelism - 1})"
+            floors = ", ".join(f"{ms(a.direct_p50)} for {a.subtasks} subtasks (depth {a.subtasks // s.parallelism - 1})"
                                for a in r.ack_path)
-            out.append(f"Floor of the ack path alone (every subtask sends its two blobs and its ack in one request, "
-                       f"no pipeline): {floors}.\n")
+            out.append(f"Floor of the ack path alone (every subtask writes its state into the store and acks its "
+                       f"handle, no pipeline): {floors}.\n")
     rows = []
     base = r.no_checkpoints_backpressure
     if base:
@@ -480,9 +473,9 @@ def plots(r: BenchResults, out: Path) -> list[str]:
         ax.text(-0.45, 100, "100 ms", va="bottom", ha="left", fontsize=7, color="grey")
         for k, a in enumerate(r.ack_path):
             depth = a.subtasks // r.settings.parallelism - 1
-            if depth in depths and a.p50:
+            if depth in depths and a.direct_p50:
                 j = depths.index(depth)
-                ax.plot([j - 0.42, j + 0.42], [a.p50, a.p50], color="black", ls=":", lw=1.2,
+                ax.plot([j - 0.42, j + 0.42], [a.direct_p50, a.direct_p50], color="black", ls=":", lw=1.2,
                         label="ack path alone (no pipeline)" if k == 0 else None)
         ax.set_yscale("log")
         ax.set_xticks(range(len(depths)), [f"depth {d}" for d in depths])

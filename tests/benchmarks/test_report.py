@@ -51,7 +51,7 @@ def _results(quick=True) -> BenchResults:
     r.no_checkpoints_backpressure = RunStats("backpressure", "none", None, 1, 10, throughput=1550)
     r.free = [RunStats("free", "none", None, 1, 5, throughput=100_000),
               RunStats("free", "unaligned", "unaligned", 1, 5, throughput=97_000, completed=4)]
-    r.ack_path = [AckPathStats(4, 2, 1024, [90.0, 110.0], [30.0], [40.0], [20.0])]
+    r.ack_path = [AckPathStats(4, 2, 1024, [90.0, 110.0], [12.0, 14.0], [3.0], [5.0])]
     r.disk = DiskStats("disk", 1 << 20, 1 << 20, 32 << 10, [200.0], [120.0], [900.0], [3.0])
     return r
 
@@ -90,16 +90,16 @@ def test_a_missed_target_says_by_how_much():
 
 
 def test_scenarios_by_name_or_number_and_unknown_ones_refused():
-    assert cli.parse_args(["--quick", "4", "acks"]).chosen == ["disk", "acks"]
-    assert cli.parse_args([]).chosen == list(cli.SCENARIOS)
-    with pytest.raises(SystemExit):
-        cli.parse_args(["nope"])
+    assert cli.bench_args(["4", "acks"], quick=True).chosen == ["disk", "acks"]
+    assert cli.bench_args([]).chosen == list(cli.SCENARIOS)
+    with pytest.raises(cli.BenchUsageError, match="unknown scenario 'nope'"):
+        cli.bench_args(["nope"])
 
 
 def test_quick_disk_scenario_writes_a_report(tmp_path, monkeypatch):
     real = Settings.quick_settings
     monkeypatch.setattr(Settings, "quick_settings", classmethod(lambda cls, **o: real(disk_total_mib=2, **o)))
-    assert cli.main(["--quick", "--out", str(tmp_path), "disk"]) == 0
+    assert cli.main(cli.bench_args(["disk"], quick=True, out=tmp_path)) == 0
     text = (tmp_path / "report.md").read_text()
     assert "## 4. Channel-state write bandwidth" in text and "## Machine" in text and "quick settings" in text
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bench-")]

@@ -1,0 +1,273 @@
+"""State straight into the blob store against state through the coordinator, in one run (``overtake bench state``).
+
+Two coordinators on PostgreSQL, identical but for ``OVERTAKE_STATE_WRITES``: ``direct`` (subtasks write their state
+into the blob store and ack its handle; the default) and ``coordinator`` (every byte through the coordinator's
+process). On one Spark session, alternating between the two:
+
+1. unaligned checkpoints under backpressure at shuffle depths 1, 2, 3 (the FLIP-76 pipeline of scenario 1);
+2. the coordinator's CPU per checkpoint as in-flight bytes grow (network buffers small, default, large, depth 1);
+3. one large-state run: big network buffers hold ≥ 50 MiB in flight per subtask, a checkpoint every second;
+4. the control path, without a pipeline: trigger delivery to 8 subscribers, the ack path of 8 subtasks with 1 MiB
+   of state each (the direct coordinator; the through-coordinator path for comparison).
+
+Writes ``state.md`` and ``state.json`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.flip76 import Runner, RunStats, Settings
+from spark_plugin.network.config import NetworkConfig
+
+PATHS = ("direct", "coordinator")
+PATH_LABEL = {"direct": "direct", "coordinator": "through the coordinator"}
+
+
+def buffer_sizes() -> dict[str, NetworkConfig]:
+    """The in-flight sizes of the CPU comparison: Flink's buffer numbers with small, default and large buffers."""
+    return {
+        "small (8 KiB buffers)": NetworkConfig(buffer_size=8 * 1024),
+        "default (32 KiB buffers)": NetworkConfig(),
+        "large (128 KiB buffers)": NetworkConfig(buffer_size=128 * 1024),
+    }
+
+
+def large_state_network() -> NetworkConfig:
+    """≥ 50 MiB in flight per keyed subtask: 1 MiB buffers, 16 exclusive per channel, 32 floating per gate (64 MiB
+    of input per keyed subtask with two input channels), 16 per output channel."""
+    return NetworkConfig(buffer_size=1 << 20, exclusive_buffers_per_channel=16, floating_buffers_per_gate=32,
+                         max_buffers_per_output_channel=16)
+
+
+@dataclass
+class PathRun:
+    path: str
+    what: str
+    stats: RunStats
+
+    @property
+    def checkpoints(self) -> int:
+        return self.stats.warm_up + self.stats.checkpoints
+
+    @property
+    def cpu_per_checkpoint_ms(self) -> float | None:
+        if self.stats.coordinator_cpu_s is None or not self.checkpoints:
+            return None
+        return self.stats.coordinator_cpu_s * 1000 / self.checkpoints
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "what": self.what, "stats": self.stats.as_dict(),
+                "cpu_per_checkpoint_ms": self.cpu_per_checkpoint_ms}
+
+
+@dataclass
+class StatePathsResult:
+    settings: dict[str, Any]
+    depth_runs: list[PathRun] = field(default_factory=list)
+    cpu_runs: list[PathRun] = field(default_factory=list)
+    large_runs: list[PathRun] = field(default_factory=list)
+    trigger: Any = None
+    ack_path: Any = None
+
+    def run(self, runs: list[PathRun], path: str, what: str) -> PathRun | None:
+        return next((r for r in runs if r.path == path and r.what == what), None)
+
+
+def _p(v: float | None, unit: str = " ms", digits: int = 0) -> str:
+    return "–" if v is None else f"{v:,.{digits}f}{unit}"
+
+
+def _mib(v: float | None) -> str:
+    return "–" if v is None else f"{v / (1 << 20):,.2f} MiB"
+
+
+def measure(spark: Any, pg_admin_url: str, s: Settings, status: Callable[[str], None],
+            large_seconds: float = 20.0, cpu_seconds: float = 20.0) -> StatePathsResult:
+    from app.local import LocalCoordinator
+    from benchmarks.ackpath import measure as ack_path
+    from benchmarks.acks import new_pg_database
+    from benchmarks.control import trigger_delivery
+
+    result = StatePathsResult(settings={**s.as_dict(), "large_seconds": large_seconds, "cpu_seconds": cpu_seconds,
+                                        "large_network": asdict(large_state_network())})
+    drops = []
+    coordinators: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="overtake-bench-state-") as tmp:
+        try:
+            for path in PATHS:
+                db, drop = new_pg_database(pg_admin_url)
+                drops.append(drop)
+                coordinators[path] = LocalCoordinator(
+                    Path(tmp) / path,
+                    {"OVERTAKE_DATABASE_URL": db, "OVERTAKE_LOG_LEVEL": "WARNING", "OVERTAKE_STATE_WRITES": path},
+                ).start()
+            runners = {p: Runner(spark, c.url, s, status, c.proc.pid) for p, c in coordinators.items()}
+
+            for d in s.depths:
+                for path in PATHS:
+                    status(f"unaligned, depth {d}, {PATH_LABEL[path]}")
+                    st = runners[path].backpressured("unaligned", d, scenario=f"state-{path}")
+                    result.depth_runs.append(PathRun(path, f"depth {d}", st))
+
+            for what, net in buffer_sizes().items():
+                for path in PATHS:
+                    status(f"coordinator CPU, {what}, {PATH_LABEL[path]}")
+                    st = runners[path].backpressured("unaligned", 1, scenario=f"cpu-{path}", network=net,
+                                                     seconds=cpu_seconds)
+                    result.cpu_runs.append(PathRun(path, what, st))
+
+            for path in PATHS:
+                status(f"large state (≥ 50 MiB in flight per subtask), {PATH_LABEL[path]}")
+                st = runners[path].backpressured("unaligned", 1, scenario=f"large-{path}",
+                                                 network=large_state_network(), seconds=large_seconds,
+                                                 payload_bytes=8 * 1024)
+                result.large_runs.append(PathRun(path, "large", st))
+
+            status("control path: trigger delivery to 8 subscribers")
+            result.trigger = trigger_delivery(coordinators["direct"].url, subscribers=8, rounds=30)
+            status("control path: 8 subtasks x 1 MiB of state")
+            result.ack_path = ack_path(coordinators["direct"].url, 8, 20, 1 << 20)
+        finally:
+            for c in coordinators.values():
+                c.stop()
+            for drop in drops:
+                try:
+                    drop()
+                except Exception:  # noqa: BLE001 - a database left behind is named by its prefix
+                    pass
+    return result
+
+
+@dataclass
+class Target:
+    name: str
+    measured: str
+    met: bool | None
+    detail: str
+
+    def row(self) -> str:
+        mark = {True: "✅ met", False: "❌ missed", None: "❔ not determined"}[self.met]
+        return f"| {self.name} | {self.measured} | {mark} | {self.detail} |"
+
+
+def targets(r: StatePathsResult) -> list[Target]:
+    out: list[Target] = []
+    d1, d3 = r.run(r.depth_runs, "direct", "depth 1"), r.run(r.depth_runs, "direct", "depth 3")
+    if d1 is not None:
+        p = d1.stats.p50
+        out.append(Target("direct, depth 1: unaligned p50 ≤ 20 ms", _p(p), None if p is None else p <= 20,
+                          "–" if p is None else f"{p / 20:.2f}× the target"))
+    if d1 is not None and d3 is not None and d1.stats.p50 and d3.stats.p50:
+        rr = d3.stats.p50 / d1.stats.p50
+        out.append(Target("direct: depth 3 p50 ≤ 1.3 × depth 1", f"{_p(d3.stats.p50)} / {_p(d1.stats.p50)} = {rr:.2f}×",
+                          rr <= 1.3, f"{rr / 1.3:.2f}× the bound"))
+    if r.trigger is not None:
+        t = r.trigger.as_dict()
+        p = t["p50_after_response"]
+        out.append(Target("trigger delivery to every subtask (8) ≤ 2 ms p50", f"{_p(p, digits=2)} after the trigger "
+                          f"committed ({_p(t['p50_to_last'], digits=1)} from the trigger request)",
+                          None if p is None else p <= 2, "–" if p is None else f"{p / 2:.2f}× the target"))
+    if r.ack_path is not None:
+        p = r.ack_path.direct_p50
+        out.append(Target("ack path, 8 subtasks × 1 MiB ≤ 15 ms p50", f"{_p(p, digits=1)} (through the coordinator "
+                          f"{_p(r.ack_path.p50, digits=1)})", None if p is None else p <= 15,
+                          "–" if p is None else f"{p / 15:.2f}× the target"))
+    small = [x for x in r.cpu_runs if x.path == "direct"]
+    if len(small) >= 2 and all(x.cpu_per_checkpoint_ms for x in small):
+        lo, hi = small[0], small[-1]
+        grow_bytes = (hi.stats.persisted_avg or 0) / max(lo.stats.persisted_avg or 1, 1)
+        grow_cpu = hi.cpu_per_checkpoint_ms / lo.cpu_per_checkpoint_ms
+        out.append(Target("direct: coordinator CPU per checkpoint flat as in-flight bytes grow",
+                          f"in-flight ×{grow_bytes:.1f}, CPU per checkpoint ×{grow_cpu:.2f}",
+                          grow_cpu <= 1.5, f"({_p(lo.cpu_per_checkpoint_ms, digits=1)} → "
+                          f"{_p(hi.cpu_per_checkpoint_ms, digits=1)})"))
+    dl, cl = r.run(r.large_runs, "direct", "large"), r.run(r.large_runs, "coordinator", "large")
+    if dl is not None and cl is not None:
+        interval = r.settings.get("interval_ms", 1000)
+        d_ok = dl.stats.p50 is not None and dl.stats.p50 <= interval
+        c_ok = cl.stats.p50 is not None and cl.stats.p50 <= interval
+        out.append(Target(f"large state: direct finishes within the {interval} ms interval, through the coordinator "
+                          "does not", f"direct p50 {_p(dl.stats.p50)}, through the coordinator "
+                          f"{_p(cl.stats.p50_or_bound[0])}{' (lower bound)' if cl.stats.p50_or_bound[1] else ''}",
+                          d_ok and not c_ok, f"persisted per checkpoint {_mib(dl.stats.persisted_avg)} direct"))
+    return out
+
+
+def markdown(r: StatePathsResult, command: str, machine: str) -> str:
+    lines = ["## State straight into the blob store vs. through the coordinator\n",
+             f"`{command}` — {machine}. Two coordinators on PostgreSQL, the same but for `OVERTAKE_STATE_WRITES`, "
+             "alternating on one Spark session; unaligned checkpoints every "
+             f"{r.settings['interval_ms']} ms under backpressure ({r.settings['record_cost_ms']:g} ms per record in "
+             "each slow stage).\n"]
+    lines += ["| target | measured | status | by how much |", "| --- | --- | --- | --- |"]
+    lines += [t.row() for t in targets(r)]
+    lines.append("")
+    lines += ["### Checkpoint duration by shuffle depth\n",
+              "| depth | path | p50 | p90 | completed | persisted per checkpoint | coordinator CPU per checkpoint |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for x in r.depth_runs:
+        p50, bound = x.stats.p50_or_bound
+        lines.append(f"| {x.what.removeprefix('depth ')} | {PATH_LABEL[x.path]} | {'> ' if bound else ''}{_p(p50)} | "
+                     f"{_p(x.stats.p90)} | {x.stats.completed} | {_mib(x.stats.persisted_avg)} | "
+                     f"{_p(x.cpu_per_checkpoint_ms, digits=1)} |")
+    lines += ["", "### Coordinator CPU per checkpoint as in-flight bytes grow (depth 1)\n",
+              "| network buffers | path | persisted per checkpoint | coordinator CPU per checkpoint | p50 |",
+              "| --- | --- | ---: | ---: | ---: |"]
+    for x in r.cpu_runs:
+        lines.append(f"| {x.what} | {PATH_LABEL[x.path]} | {_mib(x.stats.persisted_avg)} | "
+                     f"{_p(x.cpu_per_checkpoint_ms, digits=1)} | {_p(x.stats.p50_or_bound[0])} |")
+    lines += ["", f"### Large state ({r.settings['large_seconds']:g} s per path)\n",
+              "| path | persisted per checkpoint | p50 | completed | aborted | unfinished at the end | coordinator CPU |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for x in r.large_runs:
+        p50, bound = x.stats.p50_or_bound
+        lines.append(f"| {PATH_LABEL[x.path]} | {_mib(x.stats.persisted_avg)} | {'> ' if bound else ''}{_p(p50)} | "
+                     f"{x.stats.completed} | {x.stats.aborted} | {x.stats.unfinished} | "
+                     f"{_p(x.stats.coordinator_cpu_s, ' s', 1)} |")
+    if r.trigger is not None or r.ack_path is not None:
+        lines += ["", "### Control path (no pipeline, the direct coordinator)\n"]
+    if r.trigger is not None:
+        t = r.trigger.as_dict()
+        lines.append(f"Trigger delivery to {r.trigger.subscribers} event-stream subscribers, {r.trigger.rounds} "
+                     f"rounds: last receipt {_p(t['p50_after_response'], digits=2)} p50 after the trigger's response, "
+                     f"{_p(t['p50_to_last'], digits=2)} after its request was sent (the request commits the "
+                     "checkpoint).\n")
+    if r.ack_path is not None:
+        a = r.ack_path.as_dict()
+        lines.append(f"Ack path, {r.ack_path.subtasks} subtasks with {_mib(r.ack_path.channel_blob_bytes)} of state "
+                     f"each, {r.ack_path.rounds} rounds per path: all acked {_p(a['direct_p50'], digits=1)} p50 direct "
+                     f"(durable write {_p(a['write_p50'], digits=1)}, ack request {_p(a['ack_p50'], digits=1)}), "
+                     f"{_p(a['p50'], digits=1)} through the coordinator.\n")
+    return "\n".join(lines) + "\n"
+
+
+def write(r: StatePathsResult, out: Path, command: str, machine: str) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    text = markdown(r, command, machine)
+    (out / "state.md").write_text(text)
+    data = {
+        "settings": r.settings,
+        "depth_runs": [x.as_dict() for x in r.depth_runs],
+        "cpu_runs": [x.as_dict() for x in r.cpu_runs],
+        "large_runs": [x.as_dict() for x in r.large_runs],
+        "trigger": r.trigger.as_dict() if r.trigger is not None else None,
+        "ack_path": r.ack_path.as_dict() if r.ack_path is not None else None,
+        "targets": [asdict(t) for t in targets(r)],
+    }
+    (out / "state.json").write_text(json.dumps(data, indent=2, default=str))
+    return text
+
+
+def summary(r: StatePathsResult) -> str:
+    d = [x for x in r.depth_runs if x.stats.p50 is not None]
+    by = {(x.path, x.what): x.stats.p50 for x in d}
+    parts = [f"{w}: {by.get(('direct', w)) or 0:,.0f} vs {by.get(('coordinator', w)) or 0:,.0f} ms"
+             for w in sorted({x.what for x in d})]
+    return "unaligned p50 direct vs through the coordinator — " + ", ".join(parts) if parts else "no runs"
+
