@@ -1,7 +1,7 @@
 """Shared fixtures: live coordinators (SQLite, PostgreSQL + Redis) and the real services they need.
 
-PostgreSQL and Redis tests skip with a reason when the server is not reachable, unless
-OVERTAKE_REQUIRE_SERVICES=1 (set by .ci/run): then they fail.
+PostgreSQL and Redis tests skip with a reason when the server is not reachable, and S3 tests when moto's S3
+server cannot be started, unless OVERTAKE_REQUIRE_SERVICES=1 (set by .ci/run): then they fail.
 """
 
 from __future__ import annotations
@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -67,6 +70,67 @@ def pg_server() -> str:
 def redis_url() -> str:
     need_service("Redis", REDIS_URL, 6379)
     return REDIS_URL
+
+
+def _unavailable(msg: str) -> None:
+    if REQUIRE:
+        pytest.fail(msg + " (OVERTAKE_REQUIRE_SERVICES=1: service-backed tests must run)")
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """An S3-compatible server speaking the real HTTP S3 protocol (moto's standalone server) on a free port, for
+    the session; yields its endpoint URL."""
+    exe = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
+    if not Path(exe).exists():
+        _unavailable("moto's S3 server is not installed (pip install 'moto[server]'); S3 tests need it")
+    for module in ("s3fs", "boto3"):
+        try:
+            __import__(module)
+        except ImportError:
+            _unavailable(f"{module} is not installed (pip install 'overtake[s3]'); S3 tests need it")
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("moto") / "moto.log"
+    log = open(log_path, "wb")
+    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    try:
+        while not _reachable(url, port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                _unavailable(f"moto's S3 server did not start on port {port}: {log_path.read_text()[-2000:]}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        log.close()
+
+
+@pytest.fixture
+def s3_bucket(s3_server, monkeypatch) -> str:
+    """A fresh bucket on the S3 server, and the standard AWS variables that point s3fs and boto3 at it (for this
+    test); returns the blob URL of a store rooted in it, ``s3://bucket/overtake``."""
+    import boto3
+
+    env = {
+        "AWS_ENDPOINT_URL": s3_server,
+        "AWS_ACCESS_KEY_ID": "overtake-test",
+        "AWS_SECRET_ACCESS_KEY": "overtake-test-secret",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    bucket = f"overtake-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    return f"s3://{bucket}/overtake"
 
 
 class PgDatabases:

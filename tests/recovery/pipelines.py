@@ -20,29 +20,14 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from spark_plugin.config import NetworkConfig
-from spark_plugin.failure_injection import Announce, announce
-from spark_plugin.pipeline import Pipeline
-from spark_plugin.sources import SequenceSource
+from spark_plugin import Pipeline
+from spark_plugin.connectors import SequenceSource
+from spark_plugin.network.config import NetworkConfig
+from spark_plugin.testing.failure_injection import Announce, SlowCountPerKey, announce
 
 SMALL_BUFFERS = NetworkConfig(buffer_size=1024)
 KEYS = 16
 RELEASE = "killer-done"
-
-
-class CountPerKey:
-    """Keyed process function: slow (backpressure), counts per key, announces its task's pid."""
-
-    def __init__(self, pid_dir: str, delay: float = 0.0003) -> None:
-        self.pid_dir = pid_dir
-        self.delay = delay
-
-    def __call__(self, key, record, state):
-        announce(self.pid_dir)
-        time.sleep(self.delay)
-        n = (state.value() or 0) + 1
-        state.update(n)
-        return [(key, record[1], n)]
 
 
 class HeldSequenceSource(SequenceSource):
@@ -89,7 +74,7 @@ def keyed_counter(
         p.source(source, id="src")
         .map(Announce(str(pid_dir)), id="announce")
         .key_by(lambda r: r[0])
-        .process(CountPerKey(str(pid_dir), delay), id="count")
+        .process(SlowCountPerKey(str(pid_dir), delay), id="count")
         .sink(sink, id="out")
     )
     return p
@@ -195,3 +180,65 @@ class WorkerKiller:
             self.killed.append((victim.name, pid))
             last_stage = stage
         self._release()  # every kill landed: held sources may end the run
+
+
+class CountAgain:
+    """Keyed process function of the second keyed stage: counts per key again and emits ``(key, seq, n1, n2)``;
+    ``n2 == n1`` for every record exactly when the key's records crossed the second shuffle once each, in order."""
+
+    def __init__(self, pid_dir: str, delay: float = 0.0) -> None:
+        self.pid_dir = pid_dir
+        self.delay = delay
+
+    def __call__(self, key, record, state):
+        announce(self.pid_dir)
+        if self.delay:
+            time.sleep(self.delay)
+        n = (state.value() or 0) + 1
+        state.update(n)
+        return [(key, record[1], record[2], n)]
+
+
+def two_keyed_stages(
+    name: str, count: int | None, sink, pid_dir: str | Path, parallelism: tuple[int, int, int],
+    delay: float = 0.0003, held: bool = False,
+) -> Pipeline:
+    """``src -> key_by -> count1 -> key_by -> count2 -> sink`` with parallelism ``(src, count1, count2)``; the second
+    stage is the slow one, so both shuffles hold in-flight data under backpressure."""
+    src, first, second = parallelism
+    p = Pipeline(name, parallelism=src)
+    source = (
+        HeldSequenceSource(count, KEYS, str(Path(pid_dir) / RELEASE)) if held and count is not None
+        else SequenceSource(count=count, keys=KEYS)
+    )
+    (
+        p.source(source, id="src")
+        .key_by(lambda r: r[0])
+        .process(SlowCountPerKey(str(pid_dir), 0.0), id="count1", parallelism=first)
+        .key_by(lambda r: r[0])
+        .process(CountAgain(str(pid_dir), delay), id="count2", parallelism=second)
+        .sink(sink, id="out")
+    )
+    return p
+
+
+def check_two_stages_exactly_once(rows: list[tuple[int, int, int, int]], count: int, splits: int) -> None:
+    """The sink holds every ``(key, seq)`` once; each stage counted each key's records 1..n without gaps or
+    repeats; records of one source split reached the first stage in order, and each key's records crossed the
+    second shuffle in the order the first stage emitted them (``n2 == n1``)."""
+    expected = expected_keys(count)
+    by_key: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+    for key, seq, n1, n2 in rows:
+        by_key[int(key)].append((int(seq), int(n1), int(n2)))
+    seqs = [s for v in by_key.values() for s, _, _ in v]
+    assert len(seqs) == len(set(seqs)), f"{len(seqs) - len(set(seqs))} records written twice"
+    missing = sorted({s for v in expected.values() for s in v} - set(seqs))
+    assert not missing, f"{len(missing)} records lost, e.g. seqs {missing[:20]}"
+    for key, got in by_key.items():
+        assert sorted(s for s, _, _ in got) == expected[key], f"key {key}: other seqs than expected"
+        assert sorted(n1 for _, n1, _ in got) == list(range(1, len(got) + 1)), f"key {key}: stage 1 miscounted"
+        crossed = [(s, n1, n2) for s, n1, n2 in got if n1 != n2]
+        assert not crossed, f"key {key}: reordered or repeated across the second shuffle, e.g. {crossed[:3]}"
+        for split in range(splits):
+            by_n1 = [s for s, _, _ in sorted((r for r in got if r[0] % splits == split), key=lambda r: r[1])]
+            assert by_n1 == sorted(by_n1), f"key {key}: records of source split {split} out of order"

@@ -9,8 +9,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from client.models import AckMetrics, BlobRef, SubtaskAck
 from client.sync import OvertakeClient
+from contract.models import AckMetrics, BlobRef, SubtaskAck
 from tests.client._jobs import SUBTASKS, job_spec, state_of, upload_and_ack
 
 
@@ -45,8 +45,9 @@ def job(coordinator):
 
 
 def blob_files(coordinator, job_id: int) -> list[str]:
+    """The blob objects stored for a job, by file name (each under its checkpoint's prefix)."""
     d = coordinator.data_dir / "blobs" / f"job-{job_id}"
-    return sorted(p.name for p in d.iterdir()) if d.exists() else []
+    return sorted(p.name.split(".")[0] for p in d.rglob("*") if p.is_file()) if d.exists() else []
 
 
 def test_an_upload_retried_after_its_response_was_lost_stores_the_blob_once(coordinator, job):

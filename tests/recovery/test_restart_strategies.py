@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spark_plugin.restart import ExponentialBackoff, FixedDelay, NoRestart
+from spark_plugin.driver.restart import ExponentialBackoff, FixedDelay, NoRestart
 
 
 def test_fixed_delay_waits_the_same_before_each_restart_up_to_the_maximum():

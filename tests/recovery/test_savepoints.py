@@ -10,12 +10,13 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from client.cli import app
-from client.models import CheckpointConfig
+from cli.main import app
 from client.sync import OvertakeClient
+from contract.models import CheckpointConfig
 from spark_plugin.connectors import FileSink, PostgresSink
 from tests.recovery.pipelines import SMALL_BUFFERS, check_exactly_once, keyed_counter
 from tests.recovery.test_subtask_failures import file_rows, make_table, sink_dsn, table_rows
+from tests.spark_plugin.consistency import emitted
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -74,11 +75,11 @@ def test_stop_with_savepoint_then_resume_from_it_commits_everything_exactly_once
         assert job.status.value == "FINISHED"
         assert job.status_message == f"stopped with savepoint {savepoint}"
         assert sp.is_savepoint and sp.status.value == "COMPLETED" and sp.checkpoint_type.value == "savepoint"
-        emitted = sum(s.source_offsets["emitted"] for s in client.restore_plan(first.job_id, savepoint).subtasks
+        total_emitted = sum(emitted(s.source_offsets) for s in client.restore_plan(first.job_id, savepoint).subtasks
                       if s.vertex == "src")
-    assert 0 < emitted < count, "the savepoint should stop the run before its sources ended"
+    assert 0 < total_emitted < count, "the savepoint should stop the run before its sources ended"
     # everything up to the savepoint is committed; nothing after it
-    check_exactly_once_prefix(table_rows(dsn), emitted)
+    check_exactly_once_prefix(table_rows(dsn), total_emitted)
 
     second = pipeline().run(
         spark, coordinator.url, checkpoint=CONFIG, network=SMALL_BUFFERS, job_id=first.job_id,
@@ -117,8 +118,8 @@ def test_a_pipeline_started_from_a_named_older_checkpoint_writes_its_files_exact
         plan = client.restore_plan(first.job_id, named)
     later = {f.name for f in out.glob("part-*.jsonl") if int(f.stem.rsplit("-", 1)[1]) > named}
     assert later, "the first run should have committed output after the named checkpoint"
-    emitted = sum(s.source_offsets["emitted"] for s in plan.subtasks if s.vertex == "src")
-    count = emitted + 6_000
+    total_emitted = sum(emitted(s.source_offsets) for s in plan.subtasks if s.vertex == "src")
+    count = total_emitted + 6_000
     second = keyed_counter("named-restore", count, FileSink(str(out)), pid_dir).run(
         spark, coordinator.url, checkpoint=CONFIG, network=SMALL_BUFFERS, job_id=first.job_id, restore_from=named,
     )

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
-import spark_plugin.supervisor as supervisor
-from spark_plugin.execution import RunFailed, RunResult
-from spark_plugin.restart import ExponentialBackoff, FixedDelay
-from spark_plugin.supervisor import RestartsExhausted, Supervisor
+import spark_plugin.driver.supervisor as supervisor
+from spark_plugin.driver.restart import ExponentialBackoff, FixedDelay
+from spark_plugin.driver.run import RunFailed, RunResult
+from spark_plugin.driver.supervisor import RestartsExhausted, Supervisor
 
 
 class FakeClient:
@@ -32,6 +32,11 @@ class FakeClient:
 
     def finish_job(self, job_id, status, message, attempt=None):
         self.finished.append((job_id, status, message, attempt))
+        if status == "FAILED" and self.late_completion:
+            # a killed task's ack landed just before the job was FAILED; after that nothing can complete any more
+            self.checkpoints.append(self.late_completion)
+
+    late_completion: tuple | None = None
 
 
 def plan(checkpoint_id):
@@ -40,10 +45,9 @@ def plan(checkpoint_id):
 
 @pytest.fixture
 def fake(monkeypatch):
-    import client.sync
 
-    FakeClient.checkpoints, FakeClient.finished = [], []
-    monkeypatch.setattr(client.sync, "OvertakeClient", FakeClient)
+    FakeClient.checkpoints, FakeClient.finished, FakeClient.late_completion = [], [], None
+    monkeypatch.setattr(supervisor, "OvertakeClient", FakeClient)
     monkeypatch.setattr(supervisor, "_wait_for_tasks_to_end", lambda spark: None)
     return FakeClient
 
@@ -96,12 +100,25 @@ def test_exhausted_restarts_fail_the_job_with_the_reason_and_the_checkpoint_to_r
                            RunFailed("job 1 attempt 2: worker died again", 1, 2, plan(None))])
     with pytest.raises(RestartsExhausted) as e:
         Supervisor(object(), FixedDelay(1, 0.0), sleep=lambda s: None).run(None, "http://c")
-    message = (
+    failure = (
         "job 1 attempt 2: worker died again; gave up after 1 restart(s) as FixedDelay(max_restarts=1, delay=0.0) "
-        "allows; it can resume from checkpoint 6 (run it with job_id=1, restore_from=6)"
+        "allows"
     )
-    assert str(e.value) == message and e.value.resume_from == 6
-    assert fake.finished == [(1, "FAILED", message, 2)]
+    assert str(e.value) == failure + "; it can resume from checkpoint 6 (run it with job_id=1, restore_from=6)"
+    assert e.value.resume_from == 6
+    assert fake.finished == [(1, "FAILED", failure, 2)]
+
+
+def test_the_checkpoint_to_resume_from_is_read_once_the_job_is_failed(fake, monkeypatch):
+    """A killed task of the failed attempt may still complete a checkpoint until the job is FAILED (which aborts
+    its pending checkpoints): the supervisor names the checkpoint only after that, so it names the latest."""
+    fake.checkpoints = [(14, 2)]
+    fake.late_completion = (15, 2)
+    scripted(monkeypatch, [RunFailed("job 1 attempt 2: worker died", 1, 2, plan(None))])
+    with pytest.raises(RestartsExhausted) as e:
+        Supervisor(object(), FixedDelay(0, 0.0), sleep=lambda s: None).run(None, "http://c")
+    assert e.value.resume_from == 15
+    assert "it can resume from checkpoint 15" in str(e.value)
 
 
 def test_a_failure_before_the_job_exists_is_not_restarted(fake, monkeypatch):
