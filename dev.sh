@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Overtake's one entry point on a fresh machine. It sets itself up (virtualenv, dependencies, Java check).
-#   ./dev.sh demo   run the demo pipeline on local Spark with the coordinator on its embedded defaults
+#   ./dev.sh demo   run the demo pipeline on local Spark with the coordinator on its embedded defaults; its UI's
+#                   address is printed at once, and in a terminal it keeps serving the UI after the run (Ctrl-C)
 #   ./dev.sh test   run the test suite (extra arguments go to pytest)
-#   ./dev.sh serve  run the coordinator on its embedded defaults (http://127.0.0.1:8321)
+#   ./dev.sh serve  run the coordinator on its embedded defaults (prints http://127.0.0.1:8321/ when ready)
 #   ./dev.sh bench  run the benchmarks (extra arguments go to `overtake bench`)
 #   ./dev.sh <any overtake command...>
+# Dependencies are installed at the versions pinned in requirements/lock.txt (scripts/lock.sh regenerates it).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -28,14 +30,19 @@ ensure_python() {
     say "creating the virtualenv in $VENV"
     "$base" -m venv "$VENV" || { echo "could not create a virtualenv: install python3-venv" >&2; exit 1; }
   fi
-  # Reinstall only when the project's dependency list changed.
+  # Reinstall only when the project's dependency list or the pinned versions changed.
   local stamp="$VENV/.overtake-installed" want
-  want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+  want=$(cat pyproject.toml requirements/lock.txt | sha256sum | cut -d' ' -f1)
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    say "installing Overtake and its dependencies (first run takes a few minutes: PySpark is large)"
+    say "installing Overtake and its dependencies at the versions of requirements/lock.txt"
+    say "(the first run downloads about 500 MB, PySpark is most of it: a few minutes; pip's progress follows)"
     "$PY" -m pip install --quiet --upgrade pip
-    "$PY" -m pip install --quiet -e '.[dev]'
+    if ! "$PY" -m pip install --progress-bar on -c requirements/lock.txt -e '.[dev]'; then
+      echo "installing the pinned versions failed (see above); trying the newest versions pyproject.toml allows" >&2
+      "$PY" -m pip install --progress-bar on -e '.[dev]'
+    fi
     echo "$want" > "$stamp"
+    say "installed"
   fi
 }
 
