@@ -82,7 +82,9 @@ def _unavailable(msg: str) -> None:
 def s3_server(tmp_path_factory):
     """An S3-compatible server speaking the real HTTP S3 protocol (moto's standalone server) on a free port, for
     the session; yields its endpoint URL."""
-    exe = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
+    # the one installed beside this interpreter (the project's dev extra) first, any other on PATH after it
+    own = Path(sys.executable).parent / "moto_server"
+    exe = str(own) if own.exists() else (shutil.which("moto_server") or str(own))
     if not Path(exe).exists():
         _unavailable("moto's S3 server is not installed (pip install 'moto[server]'); S3 tests need it")
     for module in ("s3fs", "boto3"):
