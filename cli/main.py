@@ -449,7 +449,8 @@ def bench(
             help="Which scenarios to run (default all): checkpoints (1. checkpoint duration under backpressure), "
             "throughput-bp (2. throughput under backpressure), throughput (3. without backpressure), disk "
             "(4. channel-state write bandwidth), acks (5. coordinator ack throughput), timers (6. checkpoints while "
-            "event-time timers fire).",
+            "event-time timers fire), state (7. state straight into the blob store against state through the "
+            "coordinator).",
             show_default=False,
         ),
     ] = None,
