@@ -37,3 +37,15 @@ def test_a_record_larger_than_the_buffer_gets_a_buffer_of_its_own():
     b = BufferBuilder(64)
     assert b.add("x" * 1000) is True
     assert decode_records(b.finish()) == ["x" * 1000]
+
+
+def test_counting_records_refuses_a_buffer_that_does_not_end_on_a_frame_boundary():
+    import pytest
+
+    data = encode_records(["a" * 30, "b" * 30, "c" * 30])
+    assert count_records(data) == 3 and count_records(b"") == 0
+    first_two = len(encode_records(["a" * 30, "b" * 30]))
+    with pytest.raises(ValueError, match=f"whole frames end at {first_two}"):
+        count_records(data[:-5])  # the last record cut short
+    with pytest.raises(ValueError, match=f"whole frames end at {len(data)}"):
+        count_records(data + b"\x01\x00")  # two bytes that cannot be a length
