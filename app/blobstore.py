@@ -202,6 +202,47 @@ def _lstat_size(path: Path) -> int | None:
     return st.st_size if stat_mode.S_ISREG(st.st_mode) else None
 
 
+class _StatBatch:
+    """Stats asked for in one turn of the event loop, run together in one worker thread.
+
+    Under a burst of acks naming written objects (thousands of subtasks acking one checkpoint), one thread hop per
+    stat cost more than the stat itself; here the first ``size`` of a turn schedules one hop for all stats asked
+    for until the loop runs its next callbacks. A caller that stops waiting (a timeout) leaves the others be."""
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[Path, asyncio.Future]] | None = None
+
+    async def size(self, path: Path) -> int | None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+        if self._pending is None:
+            self._pending = []
+            loop.call_soon(self._run, loop)
+        self._pending.append((path, future))
+        return await future
+
+    def _run(self, loop: asyncio.AbstractEventLoop) -> None:
+        batch, self._pending = self._pending or [], None
+        done = loop.run_in_executor(None, _lstat_sizes, [p for p, _ in batch])
+
+        def answer(fut: asyncio.Future) -> None:
+            error = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
+            sizes = fut.result() if error is None else [None] * len(batch)
+            for (_, waiter), size in zip(batch, sizes, strict=True):
+                if waiter.done():
+                    continue
+                if error is not None:
+                    waiter.set_exception(error)
+                else:
+                    waiter.set_result(size)
+
+        done.add_done_callback(answer)
+
+
+def _lstat_sizes(paths: list[Path]) -> list[int | None]:
+    return [_lstat_size(p) for p in paths]
+
+
 def _remove(path: Path) -> None:
     """Remove a file, a link or a directory tree; nothing if it is not there."""
     try:
@@ -236,6 +277,7 @@ class FileBlobStore(_Base):
         parsed = urlparse(url)
         self.root = Path(parsed.path).resolve()
         self.staging_dir = self.root / ".staging"
+        self._stats = _StatBatch()
 
     def _path(self, key: str) -> Path:
         return self.root / _check_key(key)
@@ -245,7 +287,7 @@ class FileBlobStore(_Base):
         await asyncio.to_thread(_durable_move, staged.path, self._path(key))
 
     async def size(self, key: str) -> int | None:
-        return await asyncio.to_thread(_lstat_size, self._path(key))
+        return await self._stats.size(self._path(key))
 
     async def read_range(self, key: str, start: int, end: int) -> AsyncIterator[bytes]:
         with open(self._path(key), "rb") as f:

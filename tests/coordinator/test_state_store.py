@@ -661,3 +661,30 @@ def test_the_restore_verification_setting_takes_its_modes_and_the_old_booleans(v
 def test_unknown_modes_are_refused_at_start_up(setting, value, tmp_path):
     with pytest.raises(ValidationError, match=setting):
         Settings(data_dir=tmp_path, **{setting: value})
+
+
+async def test_concurrent_stats_of_a_file_store_run_in_one_thread_hop_and_each_gets_its_own_answer(
+    tmp_path, monkeypatch
+):
+    import app.blobstore as blobstore
+
+    store = FileBlobStore(tmp_path.as_uri())
+    prefix = checkpoint_prefix(3, 9)
+    (tmp_path / prefix).mkdir(parents=True)
+    for i in range(40):
+        (tmp_path / prefix / f"s{i}.state").write_bytes(b"x" * i)
+    (tmp_path / prefix / "dir.state").mkdir()
+    (tmp_path / prefix / "link.state").symlink_to(tmp_path / prefix / "s5.state")
+    hops: list[int] = []
+    real = blobstore._lstat_sizes
+    monkeypatch.setattr(blobstore, "_lstat_sizes", lambda paths: hops.append(len(paths)) or real(paths))
+    keys = [f"{prefix}s{i}.state" for i in range(40)] + [f"{prefix}{n}.state" for n in ("gone", "dir", "link")]
+    sizes = await asyncio.gather(*(store.size(k) for k in keys))
+    assert sizes == [*range(40), None, None, None]  # missing, a directory and a link are no objects
+    assert hops == [43]
+    # a caller that stops waiting leaves the others their answers
+    waiting = [asyncio.ensure_future(store.size(k)) for k in keys[:3]]
+    await asyncio.sleep(0)
+    waiting[1].cancel()
+    done = await asyncio.gather(*waiting, return_exceptions=True)
+    assert done[0] == 0 and done[2] == 2 and isinstance(done[1], asyncio.CancelledError)
