@@ -12,6 +12,9 @@ from typing import Any
 from benchmarks.flip76 import DiskStats, RunStats, Settings
 from contract.units import human_bytes
 
+DISK_BAR = 0.7
+"""Channel-state writes reach at least this share of the raw sequential write bandwidth of the same disk."""
+
 
 @dataclass
 class BenchResults:
@@ -182,10 +185,11 @@ def targets(r: BenchResults) -> list[Target]:
                           "within the target" if cost <= 0.05 else f"{(cost - 0.05) * 100:.1f} points over"))
     if r.disk and r.disk.raw:
         rr = r.disk.ratio
-        out.append(Target("channel-state writes ≥ 50% of raw disk bandwidth",
+        out.append(Target(f"channel-state writes ≥ {DISK_BAR:.0%} of raw disk bandwidth",
                           f"{r.disk.channel_state:,.0f} / {r.disk.raw:,.0f} MiB/s = {rr * 100:.0f}%",
-                          "met" if rr >= 0.5 else "missed",
-                          f"{rr / 0.5:.2f}× the bar" if rr >= 0.5 else f"{(0.5 - rr) * 100:.0f} points short"))
+                          "met" if rr >= DISK_BAR else "missed",
+                          f"{rr / DISK_BAR:.2f}× the bar" if rr >= DISK_BAR
+                          else f"{(DISK_BAR - rr) * 100:.0f} points short"))
     return out
 
 
