@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-from benchmarks.control import one_vertex_job
+from benchmarks.control import close_job, one_vertex_job
 
 
 @dataclass
@@ -114,10 +114,5 @@ def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause
                 (st.direct_ms if direct else st.all_acked_ms).append((time.perf_counter() - t0) * 1000)
                 time.sleep(pause)
         finally:
-            for c in clients:
-                c.close()
-            try:
-                admin.finish_job(job.id, "FINISHED", None, attempt=attempt.attempt)
-            except Exception:  # noqa: BLE001 - bookkeeping only
-                pass
+            close_job(admin, job, attempt, clients)
     return st

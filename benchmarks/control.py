@@ -33,6 +33,16 @@ def one_vertex_job(admin, name: str, subtasks: int):
     return job, admin.start_attempt(job.id)
 
 
+def close_job(admin, job, attempt, clients) -> None:
+    """Close the benchmark's clients and end its job (bookkeeping only: a failure here changes no figure)."""
+    for c in clients:
+        c.close()
+    try:
+        admin.finish_job(job.id, "FINISHED", None, attempt=attempt.attempt)
+    except Exception:  # noqa: BLE001 - bookkeeping only
+        pass
+
+
 @dataclass
 class TriggerDelivery:
     subscribers: int
@@ -108,10 +118,5 @@ def trigger_delivery(url: str, subscribers: int = 8, rounds: int = 30, pause: fl
                 st.after_response_ms.append((max(got) - t1) * 1000)
                 st.each_ms.extend((g - t0) * 1000 for g in got)
         finally:
-            for c in [*clients, decliner]:
-                c.close()
-            try:
-                admin.finish_job(job.id, "FINISHED", None, attempt=attempt.attempt)
-            except Exception:  # noqa: BLE001 - bookkeeping only
-                pass
+            close_job(admin, job, attempt, [*clients, decliner])
     return st

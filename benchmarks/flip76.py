@@ -406,14 +406,6 @@ def inflight_capacity_bytes(net: NetworkConfig, channels: int = 2) -> int:
     return buffers * net.buffer_size
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def raw_write(path: Path, total: int, chunk: int = 4 << 20) -> float:
     """Seconds to write ``total`` bytes sequentially in ``chunk``-sized writes, then fsync."""
     data = os.urandom(chunk)
