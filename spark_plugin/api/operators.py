@@ -133,15 +133,19 @@ class KeyedOperator(Operator):
             self.state.restore(state["keyed"])
 
 
-class Reduce(KeyedOperator):
-    """Rolling reduce per key: emits the new reduced value after every record."""
+class KeyedFunctionOperator(KeyedOperator):
+    """A keyed operator around one user function ``fn``."""
 
-    def __init__(self, id: str, key_fn: Callable, fn: Callable[[Any, Any], Any], **kw: Any) -> None:
+    def __init__(self, id: str, key_fn: Callable, fn: Callable, **kw: Any) -> None:
         super().__init__(id, key_fn, **kw)
         self.fn = fn
 
     def functions(self) -> dict[str, Any]:
         return {**super().functions(), "fn": self.fn}
+
+
+class Reduce(KeyedFunctionOperator):
+    """Rolling reduce per key: emits the new reduced value after every record (``fn(old, record)``)."""
 
     def bind(self, out: Emit) -> Emit:
         key_fn, fn, state = self.key_fn, self.fn, self.state
@@ -183,15 +187,8 @@ class Aggregate(KeyedOperator):
         return process
 
 
-class Process(KeyedOperator):
+class Process(KeyedFunctionOperator):
     """A keyed process function ``fn(key, record, state: ValueState)`` returning an iterable of outputs or None."""
-
-    def __init__(self, id: str, key_fn: Callable, fn: Callable, **kw: Any) -> None:
-        super().__init__(id, key_fn, **kw)
-        self.fn = fn
-
-    def functions(self) -> dict[str, Any]:
-        return {**super().functions(), "fn": self.fn}
 
     def bind(self, out: Emit) -> Emit:
         key_fn, fn, state = self.key_fn, self.fn, self.state
