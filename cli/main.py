@@ -445,6 +445,7 @@ class Scenario(str, Enum):
     acks = "acks"
     timers = "timers"
     state = "state"
+    inflight = "inflight"
 
 
 @app.command()
@@ -456,7 +457,8 @@ def bench(
             "throughput-bp (2. throughput under backpressure), throughput (3. without backpressure), disk "
             "(4. channel-state write bandwidth), acks (5. coordinator ack throughput), timers (6. checkpoints while "
             "event-time timers fire), state (7. state straight into the blob store against state through the "
-            "coordinator).",
+            "coordinator), inflight (8. persisted in-flight bytes per unaligned checkpoint and recovery time, "
+            "fixed buffers against buffer debloating to 1 s and 0.1 s).",
             show_default=False,
         ),
     ] = None,
