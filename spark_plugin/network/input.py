@@ -8,6 +8,7 @@ buffers plus one, not a full output queue as well.
 
 With buffer debloating (``spark_plugin.network.debloat``) the gate also measures what its subtask takes in and
 announces the buffer size its senders should cut at.
+
 A priority barrier is queued in its channel at its arrival position *and* announced on the gate's priority
 list, so the subtask acts on it between two records; the buffers queued ahead of it are the ones it overtook.
 
