@@ -862,7 +862,7 @@ class CheckpointStatistics(_Model):
 
 class SubtaskMetrics(BaseModel):
     """What a running subtask measured over its last window. Every field is optional, and fields this coordinator
-    does not know are ignored, so a runtime can report more (e.g. a watermark) without breaking an older one."""
+    does not know are ignored, so a runtime can report more without breaking an older one."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -876,6 +876,35 @@ class SubtaskMetrics(BaseModel):
     records_in: int | None = Field(default=None, ge=0, le=2**62, description="Records taken since it started.")
     bytes_in: int | None = Field(default=None, ge=0, le=2**62)
     bytes_out: int | None = Field(default=None, ge=0, le=2**62)
+    watermark: int | None = Field(
+        default=None,
+        ge=-MAX_FIGURE,
+        le=MAX_FIGURE,
+        description="The subtask's current input watermark (event time, ms since the epoch): the minimum over its "
+        "active inputs, or what a source emits. Null before the first watermark, without event time, and once its "
+        "input ended.",
+    )
+    watermark_lag_ms: int | None = Field(
+        default=None,
+        ge=-2 * MAX_FIGURE,
+        le=2 * MAX_FIGURE,
+        description="How far the watermark trails the wall clock: the report's timestamp minus the watermark (ms; "
+        "negative when event time runs ahead of the clock). Null without a watermark.",
+    )
+    watermark_idle: bool | None = Field(
+        default=None,
+        description="Every input of the subtask (every partition of a source) is idle: its watermark holds nothing "
+        "downstream back, and the vertex's low watermark leaves it out.",
+    )
+
+    @model_validator(mode="after")
+    def _lag_needs_a_watermark(self) -> SubtaskMetrics:
+        if self.watermark_lag_ms is not None and self.watermark is None:
+            raise ValueError(
+                f"watermark_lag_ms {self.watermark_lag_ms} comes without a watermark; send the watermark it was "
+                "measured against, or neither"
+            )
+        return self
 
 
 class SubtaskMetricsReport(_Model):
@@ -901,6 +930,14 @@ class VertexLiveMetrics(_Model):
     bytes_in_per_second: float | None = None
     backpressure_max: float | None = Field(description="The most backpressured subtask's share (Flink's figure).")
     backpressure_avg: float | None = None
+    low_watermark: int | None = Field(
+        default=None,
+        description="The lowest watermark of the reporting subtasks that have one, idle subtasks left out unless all "
+        "are idle (ms since the epoch); null when none has one.",
+    )
+    watermark_lag_max_ms: int | None = Field(
+        default=None, description="The largest watermark lag of the subtasks the low watermark is taken over."
+    )
     subtasks: list[SubtaskLiveMetrics]
 
 
