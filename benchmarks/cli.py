@@ -9,6 +9,8 @@ Scenarios (default: all):
   acks          5. coordinator ack throughput against its no-database ceiling
   timers        6. unaligned checkpoint duration while bursts of event-time timers fire, against no timers
                    (its own report: timers.md; benchmarks/timers.py)
+  state         7. state straight into the store against through the coordinator (state.md)
+  adaptive      9. the adaptive policy against the fixed ones when backpressure comes and goes (adaptive.md)
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ SCENARIOS = {
     "acks": "5. coordinator ack throughput",
     "timers": "6. checkpoints while timers fire",
     "state": "7. state straight into the store vs. through the coordinator",
+    "adaptive": "9. the adaptive policy when backpressure comes and goes",
 }
 _ALIASES = {"1": "checkpoints", "2": "throughput-bp", "3": "throughput", "4": "disk", "5": "acks", "6": "timers",
-            "7": "state"}
+            "7": "state", "9": "adaptive"}
 
 
 class BenchUsageError(ValueError):
@@ -115,6 +118,23 @@ def settings_from(args: BenchArgs) -> Settings:
     return Settings.quick_settings(**over) if args.quick else Settings(**over)
 
 
+def _adaptive_settings(args: BenchArgs) -> Any:
+    from benchmarks.adaptive import WaveSettings
+
+    w = WaveSettings.quick() if args.quick else WaveSettings()
+    if args.seconds:
+        w.seconds = args.seconds
+    return w
+
+
+def _adaptive_tasks(args: BenchArgs) -> int:
+    if "adaptive" not in args.chosen:
+        return 0
+    from benchmarks.adaptive import tasks_needed
+
+    return tasks_needed(_adaptive_settings(args))
+
+
 def _start_spark(tasks: int) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -149,13 +169,14 @@ def main(args: BenchArgs) -> int:
     t0 = time.monotonic()
     load0 = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     chosen = args.chosen
-    need_spark = any(c in chosen for c in ("checkpoints", "throughput-bp", "throughput", "state"))
+    need_spark = any(c in chosen for c in ("checkpoints", "throughput-bp", "throughput", "state", "adaptive"))
     runs_1 = [(p, d) for d in s.depths for p in s.policies] if "checkpoints" in chosen else []
     if "throughput-bp" in chosen and not runs_1:
         runs_1 = [(p, min(s.depths)) for p in s.policies]
     steps = len(runs_1) + (1 if "throughput-bp" in chosen else 0)
     steps += 2 * s.no_backpressure_repeats if "throughput" in chosen else 0
     steps += ("disk" in chosen) + ("acks" in chosen) + ("timers" in chosen) + ("state" in chosen)
+    steps += ("adaptive" in chosen)
     steps += 2 if need_spark else 0
     steps += len(s.depths) if "checkpoints" in chosen else 0
 
@@ -183,7 +204,7 @@ def main(args: BenchArgs) -> int:
             status("machine facts")
             if need_spark:
                 status(f"starting Spark local[{spark_tasks_needed(s)}]")
-                spark = _start_spark(spark_tasks_needed(s))
+                spark = _start_spark(max(spark_tasks_needed(s), _adaptive_tasks(args)))
                 done("Spark started")
                 from app.local import LocalCoordinator
                 from benchmarks.acks import new_pg_database
@@ -240,6 +261,15 @@ def main(args: BenchArgs) -> int:
                         results.free.append(x)
                         done(f"{x.label}: {x.throughput:,.0f} records/s"
                              + (f", {x.completed} checkpoints completed" if pol else ""))
+            if "adaptive" in chosen:
+                from benchmarks import adaptive
+
+                status("", SCENARIOS["adaptive"])
+                w = _adaptive_settings(args)
+                runs = adaptive.measure(runner, w, status)
+                machine = ", ".join(f"{k}: {v}" for k, v in results.machine.items())
+                adaptive.write(runs, w, out, results.command, machine)
+                done(f"adaptive: {adaptive.summary(runs)}; report in {out / 'adaptive.md'}")
             if coordinator is not None:
                 coordinator.stop()
                 coordinator = None

@@ -439,6 +439,7 @@ class Scenario(str, Enum):
     acks = "acks"
     timers = "timers"
     state = "state"
+    adaptive = "adaptive"
 
 
 @app.command()
@@ -450,7 +451,7 @@ def bench(
             "throughput-bp (2. throughput under backpressure), throughput (3. without backpressure), disk "
             "(4. channel-state write bandwidth), acks (5. coordinator ack throughput), timers (6. checkpoints while "
             "event-time timers fire), state (7. state straight into the blob store against state through the "
-            "coordinator).",
+            "coordinator), adaptive (9. the adaptive policy against the fixed ones when backpressure comes and goes).",
             show_default=False,
         ),
     ] = None,
@@ -462,7 +463,7 @@ def bench(
     ] = None,
     seconds: Annotated[
         float | None,
-        typer.Option(help="Length of each backpressured run (scenarios 1-2) and timers run (6).", min=1,
+        typer.Option(help="Length of each backpressured run (scenarios 1-2), timers run (6) and policy run (9).", min=1,
                      show_default=False),
     ] = None,
     depths: Annotated[

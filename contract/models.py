@@ -48,6 +48,9 @@ class BarrierPolicy(str, Enum):
     aligned = "aligned"
     unaligned = "unaligned"
     aligned_then_unaligned = "aligned_then_unaligned"
+    adaptive = "adaptive"
+    """Chosen by the coordinator per checkpoint: aligned (with an alignment budget) or unaligned, from recent
+    alignment times, backpressure and persisted bytes; a barrier carries the chosen policy, never this one."""
 
 
 class Vertex(_Model):
@@ -128,7 +131,7 @@ class CheckpointConfig(_Model):
     alignment_timeout: int | None = Field(
         default=None,
         description="For aligned_then_unaligned: ms after the trigger at which alignment switches to unaligned "
-        "(below timeout).",
+        "(below timeout). For adaptive: the alignment budget (default 1000 ms, at most half the timeout).",
         **_range(*CONFIG_RANGES["alignment_timeout"][:2]),
     )
     tolerable_failures: int = Field(
@@ -561,6 +564,20 @@ class SavepointRequest(_Model):
     stop: bool = Field(default=False, description="Stop the job once the savepoint completes.")
 
 
+class PolicyDecision(_Model):
+    """What the adaptive policy chose for one checkpoint, and why."""
+
+    requested: BarrierPolicy = Field(description="The policy asked for (adaptive).")
+    chosen: BarrierPolicy = Field(description="What the checkpoint's barriers carried: aligned_then_unaligned (with "
+                                  "the budget as alignment timeout) or unaligned.")
+    reason: str = Field(description="The rule that decided, with the figures it saw.")
+    budget: int = Field(description="The alignment budget (ms).")
+    backpressure: float | None = Field(
+        default=None, description="Highest recent backpressure of the job's subtasks, when the coordinator had any."
+    )
+    based_on: int | None = Field(default=None, description="The finished checkpoint the decision looked at.")
+
+
 class Checkpoint(_Model):
     id: int
     job_id: int
@@ -594,6 +611,9 @@ class Checkpoint(_Model):
     stop_job: bool = False
     details: dict[str, Any] | None = Field(
         default=None, description="For checkpoints reported by an engine: its own figures and source offsets."
+    )
+    decision: PolicyDecision | None = Field(
+        default=None, description="For checkpoints of the adaptive policy: what it chose and why."
     )
 
 

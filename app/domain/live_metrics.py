@@ -77,6 +77,10 @@ class LiveMetricsStore:
                 return {}
             return {k: e for k, e in held[1].items() if now - e.received_at <= self.max_age_ms}
 
+    def max_backpressure(self, job_id: int, attempt: int, now: int) -> float | None:
+        """The highest backpressure among the attempt's recent reports (what the adaptive policy looks at)."""
+        return _max(e.metrics.backpressure for e in self.latest(job_id, attempt, now).values())
+
 
 async def report(
     s: AsyncSession,
