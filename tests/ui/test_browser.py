@@ -577,3 +577,22 @@ def test_the_job_page_shows_each_vertexs_low_watermark_and_each_subtasks_waterma
     assert "(idle)" in idle.locator("td.watermark").inner_text() and idle.locator("td.lag").inner_text() == "1 min 0 s"
     sink = page.locator("tr[data-subtask='sink[0]']")
     assert (sink.locator("td.watermark").inner_text(), sink.locator("td.lag").inner_text()) == ("–", "–")
+
+
+def test_an_adaptive_checkpoint_says_what_the_policy_chose_and_why(page, seeded):
+    s = Seeder(seeded.url)
+    try:
+        job = s.job("adaptive-orders", policy="adaptive", alignment_timeout=300)
+        s.attempt(job["id"])
+        _report_live(seeded.url, job["id"], {("source", 0): (2000.0, 0.9)})
+        cp = s.trigger(job["id"])
+    finally:
+        s.close()
+    page.goto(f"{seeded.url}/#/jobs/{job['id']}/checkpoints/{cp}")
+    decision = page.locator("dl.facts .decision")
+    decision.wait_for()
+    assert "chosen by adaptive: backpressure 0.90" in decision.inner_text()
+    assert "unaligned" in page.locator("dl.facts").inner_text()
+    page.goto(f"{seeded.url}/#/jobs/{job['id']}")
+    page.locator(".config").wait_for()
+    assert "adaptive (chooses per checkpoint; alignment budget 300 ms)" in page.locator(".config").inner_text()

@@ -747,7 +747,7 @@ export interface components {
          * BarrierPolicy
          * @enum {string}
          */
-        BarrierPolicy: "aligned" | "unaligned" | "aligned_then_unaligned";
+        BarrierPolicy: "aligned" | "unaligned" | "aligned_then_unaligned" | "adaptive";
         /** BlobInfo */
         BlobInfo: {
             /** Blob Id */
@@ -953,6 +953,8 @@ export interface components {
             details?: {
                 [key: string]: unknown;
             } | null;
+            /** @description For checkpoints of the adaptive policy: what it chose and why. */
+            decision?: components["schemas"]["PolicyDecision"] | null;
         };
         /** CheckpointConfig */
         CheckpointConfig: {
@@ -983,7 +985,7 @@ export interface components {
             policy: components["schemas"]["BarrierPolicy"];
             /**
              * Alignment Timeout
-             * @description For aligned_then_unaligned: ms after the trigger at which alignment switches to unaligned (below timeout).
+             * @description For aligned_then_unaligned: ms after the trigger at which alignment switches to unaligned (below timeout). For adaptive: the alignment budget (default 1000 ms, at most half the timeout).
              */
             alignment_timeout?: number | null;
             /**
@@ -1087,6 +1089,8 @@ export interface components {
             details?: {
                 [key: string]: unknown;
             } | null;
+            /** @description For checkpoints of the adaptive policy: what it chose and why. */
+            decision?: components["schemas"]["PolicyDecision"] | null;
             /** Subtasks */
             subtasks: components["schemas"]["SubtaskStats"][];
             /**
@@ -1447,6 +1451,36 @@ export interface components {
             checkpoint_id: number;
             /** Reason */
             reason: string;
+        };
+        /**
+         * PolicyDecision
+         * @description What the adaptive policy chose for one checkpoint, and why.
+         */
+        PolicyDecision: {
+            /** @description The policy asked for (adaptive). */
+            requested: components["schemas"]["BarrierPolicy"];
+            /** @description What the checkpoint's barriers carried: aligned_then_unaligned (with the budget as alignment timeout) or unaligned. */
+            chosen: components["schemas"]["BarrierPolicy"];
+            /**
+             * Reason
+             * @description The rule that decided, with the figures it saw.
+             */
+            reason: string;
+            /**
+             * Budget
+             * @description The alignment budget (ms).
+             */
+            budget: number;
+            /**
+             * Backpressure
+             * @description Highest recent backpressure of the job's subtasks, when the coordinator had any.
+             */
+            backpressure?: number | null;
+            /**
+             * Based On
+             * @description The finished checkpoint the decision looked at.
+             */
+            based_on?: number | null;
         };
         /** RecordPreview */
         RecordPreview: {

@@ -350,6 +350,9 @@ export function JobPage({ jobId }: { jobId: number }) {
               cfg.alignment_timeout !== undefined
                 ? ` (switch after ${ms(cfg.alignment_timeout)})`
                 : ""}
+              {cfg.policy === "adaptive"
+                ? ` (chooses per checkpoint; alignment budget ${ms(cfg.alignment_timeout ?? Math.min(1000, Math.floor(cfg.timeout / 2)))})`
+                : ""}
             </dd>
             <dt>timeout</dt>
             <dd>{ms(cfg.timeout)}</dd>
