@@ -99,7 +99,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.ctx = ctx
     app.state.settings = settings
     app.state.auth = Auth(ctx)
-    app.state.live_metrics = LiveMetricsStore()
+    app.state.live_metrics = ctx.live = LiveMetricsStore()
 
     @app.exception_handler(DomainError)
     async def _domain(_: Request, exc: DomainError) -> JSONResponse:

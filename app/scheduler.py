@@ -163,7 +163,7 @@ class Scheduler(BackgroundWorker):
             if trigger_refusal(job, await pending_ids(s, job.id), now, savepoint=False):
                 return
             try:
-                await trigger(s, job, now, targets=self.ctx.write_target)
+                await trigger(s, job, now, targets=self.ctx.write_target, backpressure=self.ctx.backpressure)
                 job.scheduler_error = None
             except DomainError as exc:
                 log.info("periodic trigger of job %s skipped: %s", job_id, exc.message)

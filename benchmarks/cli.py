@@ -14,6 +14,7 @@ Scenarios (default: all):
   inflight      8. persisted in-flight bytes per unaligned checkpoint and recovery time under backpressure, fixed
                    buffers against buffer debloating to 1 s and 0.1 s, depths 1 and 2 (inflight.md, and a section
                    of report.md; benchmarks/inflight.py)
+  adaptive      9. the adaptive policy against the fixed ones when backpressure comes and goes (adaptive.md)
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ SCENARIOS = {
     "timers": "6. checkpoints while timers fire",
     "state": "7. state straight into the store vs. through the coordinator",
     "inflight": "8. in-flight bytes and recovery: fixed buffers vs. debloating",
+    "adaptive": "9. the adaptive policy when backpressure comes and goes",
 }
 _ALIASES = {"1": "checkpoints", "2": "throughput-bp", "3": "throughput", "4": "disk", "5": "acks", "6": "timers",
-            "7": "state", "8": "inflight"}
+            "7": "state", "8": "inflight", "9": "adaptive"}
 
 
 class BenchUsageError(ValueError):
@@ -132,6 +134,23 @@ def inflight_settings_from(args: BenchArgs) -> Any:
     return inflight.Settings.quick_settings(**over) if args.quick else inflight.Settings(**over)
 
 
+def _adaptive_settings(args: BenchArgs) -> Any:
+    from benchmarks.adaptive import WaveSettings
+
+    w = WaveSettings.quick() if args.quick else WaveSettings()
+    if args.seconds:
+        w.seconds = args.seconds
+    return w
+
+
+def _adaptive_tasks(args: BenchArgs) -> int:
+    if "adaptive" not in args.chosen:
+        return 0
+    from benchmarks.adaptive import tasks_needed
+
+    return tasks_needed(_adaptive_settings(args))
+
+
 def _start_spark(tasks: int) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -166,9 +185,11 @@ def main(args: BenchArgs) -> int:
     t0 = time.monotonic()
     load0 = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     chosen = args.chosen
-    need_spark = any(c in chosen for c in ("checkpoints", "throughput-bp", "throughput", "state", "inflight"))
+    need_spark = any(c in chosen for c in ("checkpoints", "throughput-bp", "throughput", "state", "inflight",
+                                           "adaptive"))
     inflight_settings = inflight_settings_from(args)
-    spark_tasks = max(spark_tasks_needed(s), inflight_settings.spark_tasks() if "inflight" in chosen else 0)
+    spark_tasks = max(spark_tasks_needed(s), inflight_settings.spark_tasks() if "inflight" in chosen else 0,
+                      _adaptive_tasks(args))
     runs_1 = [(p, d) for d in s.depths for p in s.policies] if "checkpoints" in chosen else []
     if "throughput-bp" in chosen and not runs_1:
         runs_1 = [(p, min(s.depths)) for p in s.policies]
@@ -179,6 +200,7 @@ def main(args: BenchArgs) -> int:
         from benchmarks import inflight
 
         steps += len(inflight_settings.depths) * len(inflight.sizings())
+    steps += ("adaptive" in chosen)
     steps += 2 if need_spark else 0
     steps += len(s.depths) if "checkpoints" in chosen else 0
 
@@ -278,6 +300,15 @@ def main(args: BenchArgs) -> int:
                                             into=results.inflight)
                 machine = ", ".join(f"{k}: {v}" for k, v in results.machine.items())
                 inflight.write(measured, out, results.command, machine)
+            if "adaptive" in chosen:
+                from benchmarks import adaptive
+
+                status("", SCENARIOS["adaptive"])
+                w = _adaptive_settings(args)
+                runs = adaptive.measure(runner, w, status)
+                machine = ", ".join(f"{k}: {v}" for k, v in results.machine.items())
+                adaptive.write(runs, w, out, results.command, machine)
+                done(f"adaptive: {adaptive.summary(runs)}; report in {out / 'adaptive.md'}")
             if coordinator is not None:
                 coordinator.stop()
                 coordinator = None

@@ -267,7 +267,8 @@ class Runner:
         self._n = 0
 
     def run(self, scenario: str, label: str, pipeline_factory: Callable[[str], Pipeline], last_vertex: str,
-            policy: str | None, depth: int, seconds: float, network: NetworkConfig | None = None) -> RunStats:
+            policy: str | None, depth: int, seconds: float, network: NetworkConfig | None = None,
+            interval_ms: int | None = None, alignment_timeout_ms: int | None = None) -> RunStats:
         from client.sync import OvertakeClient
         from contract.models import CheckpointConfig
 
@@ -277,10 +278,11 @@ class Runner:
         if policy is None:
             config = CheckpointConfig(interval=None)
         else:
+            timeout = alignment_timeout_ms if alignment_timeout_ms is not None else self.s.alignment_timeout_ms
             config = CheckpointConfig(
-                interval=self.s.interval_ms, policy=policy, retained=2,
+                interval=interval_ms or self.s.interval_ms, policy=policy, retained=2,
                 timeout=int(max(600_000, seconds * 4000)),
-                alignment_timeout=self.s.alignment_timeout_ms if policy == "aligned_then_unaligned" else None,
+                alignment_timeout=timeout if policy in ("aligned_then_unaligned", "adaptive") else None,
             )
         outcome: dict[str, Any] = {}
 

@@ -328,7 +328,8 @@ def checkpoint_view(cp: CheckpointDetail) -> Group:
             ("checkpoint", f"{cp.id} of job {cp.job_id}, attempt {cp.attempt}"),
             ("status", checkpoint_status(cp)),
             ("type", _kind(cp) + (" (stops the job)" if cp.stop_job else "")),
-            ("policy", cp.policy.value),
+            ("policy", cp.policy.value if cp.decision is None else f"{cp.policy.value}, chosen by adaptive: "
+             f"{cp.decision.reason}"),
             ("alignment timeout", duration(cp.alignment_timeout)),
             ("switched to unaligned", switched),
             ("triggered", timestamp(cp.trigger_timestamp)),

@@ -446,6 +446,7 @@ class Scenario(str, Enum):
     timers = "timers"
     state = "state"
     inflight = "inflight"
+    adaptive = "adaptive"
 
 
 @app.command()
@@ -458,7 +459,8 @@ def bench(
             "(4. channel-state write bandwidth), acks (5. coordinator ack throughput), timers (6. checkpoints while "
             "event-time timers fire), state (7. state straight into the blob store against state through the "
             "coordinator), inflight (8. persisted in-flight bytes per unaligned checkpoint and recovery time, "
-            "fixed buffers against buffer debloating to 1 s and 0.1 s).",
+            "fixed buffers against buffer debloating to 1 s and 0.1 s), adaptive (9. the adaptive policy against "
+            "the fixed ones when backpressure comes and goes).",
             show_default=False,
         ),
     ] = None,
@@ -470,7 +472,7 @@ def bench(
     ] = None,
     seconds: Annotated[
         float | None,
-        typer.Option(help="Length of each backpressured run (scenarios 1-2) and timers run (6).", min=1,
+        typer.Option(help="Length of each backpressured run (scenarios 1-2), timers run (6) and policy run (9).", min=1,
                      show_default=False),
     ] = None,
     depths: Annotated[

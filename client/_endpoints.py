@@ -202,7 +202,8 @@ class Endpoints:
         return self._send(Call("POST", path, lambda r: None, json=body))
 
     def live_metrics(self, job_id: int) -> JobLiveMetrics:
-        """Per vertex of the job's current attempt: records/s and backpressure from its subtasks' reports."""
+        """Per vertex of the job's current attempt: records/s, backpressure, and the low watermark with its lag from
+        its subtasks' reports."""
         return self._send(Call("GET", f"{_job(job_id)}/metrics", _model(JobLiveMetrics)))
 
     # ----------------------------------------------------------------------------------------- checkpoints

@@ -48,6 +48,9 @@ class BarrierPolicy(str, Enum):
     aligned = "aligned"
     unaligned = "unaligned"
     aligned_then_unaligned = "aligned_then_unaligned"
+    adaptive = "adaptive"
+    """Chosen by the coordinator per checkpoint: aligned (with an alignment budget) or unaligned, from recent
+    alignment times, backpressure and persisted bytes; a barrier carries the chosen policy, never this one."""
 
 
 class Vertex(_Model):
@@ -128,7 +131,7 @@ class CheckpointConfig(_Model):
     alignment_timeout: int | None = Field(
         default=None,
         description="For aligned_then_unaligned: ms after the trigger at which alignment switches to unaligned "
-        "(below timeout).",
+        "(below timeout). For adaptive: the alignment budget (default 1000 ms, at most half the timeout).",
         **_range(*CONFIG_RANGES["alignment_timeout"][:2]),
     )
     tolerable_failures: int = Field(
@@ -561,6 +564,20 @@ class SavepointRequest(_Model):
     stop: bool = Field(default=False, description="Stop the job once the savepoint completes.")
 
 
+class PolicyDecision(_Model):
+    """What the adaptive policy chose for one checkpoint, and why."""
+
+    requested: BarrierPolicy = Field(description="The policy asked for (adaptive).")
+    chosen: BarrierPolicy = Field(description="What the checkpoint's barriers carried: aligned_then_unaligned (with "
+                                  "the budget as alignment timeout) or unaligned.")
+    reason: str = Field(description="The rule that decided, with the figures it saw.")
+    budget: int = Field(description="The alignment budget (ms).")
+    backpressure: float | None = Field(
+        default=None, description="Highest recent backpressure of the job's subtasks, when the coordinator had any."
+    )
+    based_on: int | None = Field(default=None, description="The finished checkpoint the decision looked at.")
+
+
 class Checkpoint(_Model):
     id: int
     job_id: int
@@ -594,6 +611,9 @@ class Checkpoint(_Model):
     stop_job: bool = False
     details: dict[str, Any] | None = Field(
         default=None, description="For checkpoints reported by an engine: its own figures and source offsets."
+    )
+    decision: PolicyDecision | None = Field(
+        default=None, description="For checkpoints of the adaptive policy: what it chose and why."
     )
 
 
@@ -862,7 +882,7 @@ class CheckpointStatistics(_Model):
 
 class SubtaskMetrics(BaseModel):
     """What a running subtask measured over its last window. Every field is optional, and fields this coordinator
-    does not know are ignored, so a runtime can report more (e.g. a watermark) without breaking an older one."""
+    does not know are ignored, so a runtime can report more without breaking an older one."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -876,6 +896,35 @@ class SubtaskMetrics(BaseModel):
     records_in: int | None = Field(default=None, ge=0, le=2**62, description="Records taken since it started.")
     bytes_in: int | None = Field(default=None, ge=0, le=2**62)
     bytes_out: int | None = Field(default=None, ge=0, le=2**62)
+    watermark: int | None = Field(
+        default=None,
+        ge=-MAX_FIGURE,
+        le=MAX_FIGURE,
+        description="The subtask's current input watermark (event time, ms since the epoch): the minimum over its "
+        "active inputs, or what a source emits. Null before the first watermark, without event time, and once its "
+        "input ended.",
+    )
+    watermark_lag_ms: int | None = Field(
+        default=None,
+        ge=-2 * MAX_FIGURE,
+        le=2 * MAX_FIGURE,
+        description="How far the watermark trails the wall clock: the report's timestamp minus the watermark (ms; "
+        "negative when event time runs ahead of the clock). Null without a watermark.",
+    )
+    watermark_idle: bool | None = Field(
+        default=None,
+        description="Every input of the subtask (every partition of a source) is idle: its watermark holds nothing "
+        "downstream back, and the vertex's low watermark leaves it out.",
+    )
+
+    @model_validator(mode="after")
+    def _lag_needs_a_watermark(self) -> SubtaskMetrics:
+        if self.watermark_lag_ms is not None and self.watermark is None:
+            raise ValueError(
+                f"watermark_lag_ms {self.watermark_lag_ms} comes without a watermark; send the watermark it was "
+                "measured against, or neither"
+            )
+        return self
 
 
 class SubtaskMetricsReport(_Model):
@@ -901,6 +950,14 @@ class VertexLiveMetrics(_Model):
     bytes_in_per_second: float | None = None
     backpressure_max: float | None = Field(description="The most backpressured subtask's share (Flink's figure).")
     backpressure_avg: float | None = None
+    low_watermark: int | None = Field(
+        default=None,
+        description="The lowest watermark of the reporting subtasks that have one, idle subtasks left out unless all "
+        "are idle (ms since the epoch); null when none has one.",
+    )
+    watermark_lag_max_ms: int | None = Field(
+        default=None, description="The largest watermark lag of the subtasks the low watermark is taken over."
+    )
     subtasks: list[SubtaskLiveMetrics]
 
 

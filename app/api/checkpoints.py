@@ -35,7 +35,9 @@ async def trigger_checkpoint(job_id: JobId, ctx: CtxDep, body: TriggerRequest | 
     body = body or TriggerRequest()
     async with ctx.tx() as s:
         job = await get_job_or_404(s, job_id, lock=True)
-        cp = await trigger(s, job, now_ms(), policy=body.policy, targets=ctx.write_target)
+        cp = await trigger(
+            s, job, now_ms(), policy=body.policy, targets=ctx.write_target, backpressure=ctx.backpressure
+        )
         return views.checkpoint_model(cp)
 
 

@@ -32,8 +32,9 @@ async def report_subtask_metrics(
     request: Request,
     ctx: CtxDep,
 ) -> Response:
-    """A running subtask's latest metrics (records/s, backpressure). Idempotent: only the newest report of each
-    subtask is kept, in the coordinator's memory; 409 when the attempt is no longer current or the job ended."""
+    """A running subtask's latest metrics (records/s, backpressure, watermark and its lag). Idempotent: only the
+    newest report of each subtask is kept, in the coordinator's memory; 409 when the attempt is no longer current
+    or the job ended."""
     async with ctx.tx(readonly=True) as s:
         await live_metrics.report(s, _store(request), job_id, attempt, vertex, subtask_index, body)
     return Response(status_code=204)
@@ -41,7 +42,7 @@ async def report_subtask_metrics(
 
 @router.get("/metrics", dependencies=TASK, response_model=JobLiveMetrics)
 async def job_live_metrics(job_id: JobId, request: Request, ctx: CtxDep) -> JobLiveMetrics:
-    """Per vertex of the job's current attempt: records/s and backpressure from its subtasks' recent reports
-    (empty while nothing reported, and once the job ended)."""
+    """Per vertex of the job's current attempt: records/s, backpressure, and the low watermark with its lag from its
+    subtasks' recent reports (empty while nothing reported, and once the job ended)."""
     async with ctx.tx(readonly=True) as s:
         return await live_metrics.live_view(s, _store(request), job_id)

@@ -129,6 +129,8 @@ class CheckpointRow(Base):
     discarded: Mapped[bool] = mapped_column(Boolean, default=False)
     # Engine-specific figures of a checkpoint reported from outside (Structured Streaming micro-batches).
     details: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # What the adaptive policy chose for it and why (contract.models.PolicyDecision).
+    decision: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     # What is left to clean under the checkpoint's prefix in the blob store, and from when: "prefix" (everything:
     # aborted or discarded) or "unreferenced" (objects no ack names: completed). See app/domain/cleanup.py.
     cleanup: Mapped[str | None] = mapped_column(String(16), nullable=True)

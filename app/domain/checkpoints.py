@@ -9,6 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import CheckpointRow, JobRow
 from app.domain import lifecycle
+from app.domain.adaptive import Observations, Seen
 from app.domain.context import after_commit, get_job_or_404, now_ms
 from app.domain.lifecycle import (
     ACTIVE,
@@ -21,7 +22,7 @@ from app.domain.lifecycle import (
     abort_pending,
     release_blobs,
 )
-from app.domain.policies import barrier_plan
+from app.domain.policies import POLICY_RULES, barrier_plan
 from app.errors import Conflict, NotFound
 from app.events import emit
 from app.observability import CHECKPOINT_DURATION, CHECKPOINTS
@@ -32,6 +33,53 @@ __all__ = ["ACTIVE", "abort_checkpoint", "abort_pending", "release_blobs"]
 
 WriteTargets = Callable[[int, int, int], Awaitable[WriteTarget | None]]
 """(job id, checkpoint id, timeout_at) -> where its subtasks write its state themselves, or None (`Context.write_target`)."""
+Backpressure = Callable[[int, int], float | None]
+"""(job id, attempt) -> the highest recent backpressure of its subtasks, or None (`Context.backpressure`)."""
+
+HISTORY = 5
+"""Finished checkpoints an observing policy is shown (newest first)."""
+
+
+async def observations(s: AsyncSession, job: JobRow, backpressure: Backpressure | None) -> Observations:
+    """What an observing policy (adaptive) decides from: the job's newest finished checkpoints (completed, or failed
+    by expiry or decline; interrupted ones say nothing about alignment) and the live backpressure."""
+    rows = (
+        await s.execute(
+            select(CheckpointRow)
+            .where(
+                CheckpointRow.job_id == job.id,
+                CheckpointRow.status != PENDING,
+                CheckpointRow.is_savepoint.is_(False),
+                CheckpointRow.details.is_(None),
+            )
+            .order_by(CheckpointRow.id.desc())
+            .limit(HISTORY * 4)
+        )
+    ).scalars()
+    history: list[Seen] = []
+    for cp in rows:
+        failed = None
+        if cp.status != COMPLETED:
+            code = (cp.failure_reason or "").split(":", 1)[0].strip()
+            if code not in (AbortReason.expired.value, AbortReason.declined.value):
+                continue
+            failed = code
+        history.append(
+            Seen(
+                id=cp.id,
+                failed=failed,
+                unaligned=cp.any_unaligned,
+                switched=cp.switched_ts is not None
+                or (cp.any_unaligned and cp.policy != BarrierPolicy.unaligned.value and bool(cp.alignment_timeout)),
+                alignment_duration=cp.alignment_duration,
+                persisted_data=cp.persisted_data,
+                num_subtasks=cp.num_subtasks,
+            )
+        )
+        if len(history) == HISTORY:
+            break
+    bp = backpressure(job.id, job.current_attempt) if backpressure is not None else None
+    return Observations(history=tuple(history), backpressure=bp)
 
 
 async def pending_ids(s: AsyncSession, job_id: int) -> list[int]:
@@ -84,16 +132,20 @@ async def trigger(
     savepoint: bool = False,
     stop: bool = False,
     targets: WriteTargets | None = None,
+    backpressure: Backpressure | None = None,
 ) -> CheckpointRow:
     """Issue the job's next checkpoint id; its trigger event carries its write target (from `targets`). The caller
-    holds the job row lock."""
+    holds the job row lock. An observing policy (adaptive) decides from the job's recent checkpoints and
+    `backpressure`."""
     pending = await pending_ids(s, job.id)
     refusal = trigger_refusal(job, pending, now, savepoint)
     if refusal:
         raise Conflict(refusal)
     cfg = CheckpointConfig.model_validate(job.config)
     # Savepoints are always aligned; otherwise the requested policy, or the job's.
-    plan = barrier_plan(BarrierPolicy.aligned if savepoint else (policy or cfg.policy), cfg)
+    chosen = BarrierPolicy.aligned if savepoint else (policy or cfg.policy)
+    seen = await observations(s, job, backpressure) if POLICY_RULES[chosen].observes else None
+    plan = barrier_plan(chosen, cfg, seen)
     alignment_timeout = plan.alignment_timeout
     cp = CheckpointRow(
         job_id=job.id,
@@ -114,6 +166,7 @@ async def trigger(
         processed_data=0,
         any_unaligned=False,
         discarded=False,
+        decision=plan.decision.model_dump(mode="json") if plan.decision else None,
     )
     job.next_checkpoint_id += 1
     job.last_trigger_at = now

@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Protocol
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -20,6 +21,12 @@ from app.errors import NotFound
 from app.events import EventBus, event_bus_from_url, pending_events
 from app.settings import Settings
 from contract.models import WriteTarget
+
+
+class LiveBackpressure(Protocol):
+    """What the context asks of the live metrics (`app.domain.live_metrics.LiveMetricsStore`)."""
+
+    def max_backpressure(self, job_id: int, attempt: int, now: int) -> float | None: ...
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +48,12 @@ class Context:
         self.bus: EventBus = event_bus_from_url(settings.event_bus_url, settings.effective_namespace)
         self.cleaner = Cleaner(self.db, self.store, int(settings.late_write_grace * 1000))
         self._background: set[asyncio.Task] = set()
+        self.live: LiveBackpressure | None = None
+        """The subtasks' live metrics this replica received (set by the app)."""
+
+    def backpressure(self, job_id: int, attempt: int) -> float | None:
+        """The highest recent backpressure of the job attempt's subtasks, as this replica heard it; None if unknown."""
+        return self.live.max_backpressure(job_id, attempt, now_ms()) if self.live is not None else None
 
     @property
     def direct_writes(self) -> bool:

@@ -1,4 +1,4 @@
-"""Live metrics of running subtasks (records/s, backpressure): the latest report of each, kept in memory.
+"""Live metrics of running subtasks (records/s, backpressure, watermarks): the latest report of each, in memory.
 
 A subtask reports what it measured over its last window about once a second. The coordinator keeps only the newest
 report of each subtask, by the subtask's own timestamp (a retried or late report never replaces a newer one), and
@@ -66,7 +66,7 @@ class LiveMetricsStore:
             old = entries.get((vertex, index))
             if old is not None and old.timestamp > report.timestamp:
                 return False
-            entries[(vertex, index)] = _Entry(report.timestamp, now, report.metrics)
+            entries[(vertex, index)] = _Entry(report.timestamp, now, _with_lag(report))
             return True
 
     def latest(self, job_id: int, attempt: int | None, now: int) -> dict[tuple[str, int], _Entry]:
@@ -76,6 +76,10 @@ class LiveMetricsStore:
             if held is None or held[0] != attempt:
                 return {}
             return {k: e for k, e in held[1].items() if now - e.received_at <= self.max_age_ms}
+
+    def max_backpressure(self, job_id: int, attempt: int, now: int) -> float | None:
+        """The highest backpressure among the attempt's recent reports (what the adaptive policy looks at)."""
+        return _max(e.metrics.backpressure for e in self.latest(job_id, attempt, now).values())
 
 
 async def report(
@@ -97,7 +101,7 @@ async def report(
 
 
 async def live_view(s: AsyncSession, store: LiveMetricsStore, job_id: int) -> JobLiveMetrics:
-    """Per vertex of the job, the sums and the backpressure of its subtasks' recent metrics."""
+    """Per vertex of the job, the sums, the backpressure and the low watermark of its subtasks' recent metrics."""
     job = await get_job_or_404(s, job_id)
     now = now_ms()
     running = job.status in lifecycle.ACTIVE
@@ -120,12 +124,35 @@ async def live_view(s: AsyncSession, store: LiveMetricsStore, job_id: int) -> Jo
                 bytes_in_per_second=_sum(st.metrics.bytes_in_per_second for st in subtasks),
                 backpressure_max=_max(st.metrics.backpressure for st in subtasks),
                 backpressure_avg=_avg(st.metrics.backpressure for st in subtasks),
+                **_low_watermark([st.metrics for st in subtasks]),
                 subtasks=subtasks,
             )
         )
     return JobLiveMetrics(
         job_id=job_id, attempt=job.current_attempt, now=now, max_age=store.max_age_ms, vertices=vertices
     )
+
+
+def _with_lag(report: SubtaskMetricsReport) -> SubtaskMetrics:
+    """The report's metrics, with the watermark's lag measured at the report's timestamp if the subtask left it out."""
+    m = report.metrics
+    if m.watermark is None or m.watermark_lag_ms is not None:
+        return m
+    return m.model_copy(update={"watermark_lag_ms": report.timestamp - m.watermark})
+
+
+def _low_watermark(metrics: list[SubtaskMetrics]) -> dict[str, int | None]:
+    """The vertex's low watermark and its largest lag, by the rule of a subtask's input channels: the subtasks that
+    have a watermark, idle ones left out unless every one of them is idle."""
+    with_one = [m for m in metrics if m.watermark is not None]
+    active = [m for m in with_one if not m.watermark_idle] or with_one
+    if not active:
+        return {"low_watermark": None, "watermark_lag_max_ms": None}
+    lags = _known(m.watermark_lag_ms for m in active)
+    return {
+        "low_watermark": min(m.watermark for m in active),  # type: ignore[type-var]
+        "watermark_lag_max_ms": max(lags) if lags else None,
+    }
 
 
 def _known(values) -> list[float]:

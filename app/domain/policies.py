@@ -2,7 +2,8 @@
 the subtasks (the alignment timeout) and whether, and when, the coordinator tells them to switch to unaligned.
 
 Adding a barrier policy means one `BarrierPolicy` value in `contract/models.py`, its first barrier state in the
-runtime, and one rule here (a test fails while a policy has no rule).
+runtime, and one rule here (a test fails while a policy has no rule). A policy the coordinator resolves per checkpoint
+(adaptive) needs no runtime state: its plan names the policy the barriers carry.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from contract.models import BarrierPolicy, CheckpointConfig
+from app.domain.adaptive import Observations, budget_ms, decide
+from contract.models import BarrierPolicy, CheckpointConfig, PolicyDecision
 
 
 @dataclass(frozen=True)
@@ -22,14 +24,18 @@ class BarrierPlan:
     """Sent with the trigger: ms after it at which subtasks stop aligning (None: not this policy's business)."""
     switch_after: int | None = None
     """ms after the trigger at which the coordinator publishes `checkpoint.switch_to_unaligned` (None: never)."""
+    decision: PolicyDecision | None = None
+    """For a policy the coordinator resolves per checkpoint: what it chose and why."""
 
 
 class PolicyRule:
     policy: ClassVar[BarrierPolicy]
     takes_alignment_timeout: ClassVar[bool] = False
     """Whether `checkpoint.alignment_timeout` means anything for this policy (config validation refuses it if not)."""
+    observes: ClassVar[bool] = False
+    """Whether its plan depends on the job's recent checkpoints and backpressure (`Observations`)."""
 
-    def plan(self, cfg: CheckpointConfig) -> BarrierPlan:
+    def plan(self, cfg: CheckpointConfig, seen: Observations | None = None) -> BarrierPlan:
         return BarrierPlan(self.policy)
 
 
@@ -53,15 +59,31 @@ class AlignedThenUnaligned(PolicyRule):
     policy = BarrierPolicy.aligned_then_unaligned
     takes_alignment_timeout = True
 
-    def plan(self, cfg: CheckpointConfig) -> BarrierPlan:
+    def plan(self, cfg: CheckpointConfig, seen: Observations | None = None) -> BarrierPlan:
         timeout = cfg.alignment_timeout if cfg.alignment_timeout is not None else 0
         return BarrierPlan(self.policy, alignment_timeout=timeout, switch_after=timeout or None)
 
 
+class Adaptive(PolicyRule):
+    """Per checkpoint, aligned (with the alignment budget as its timeout) or unaligned, by the rule in
+    `app.domain.adaptive`; the barriers carry the chosen policy, and the checkpoint records the decision."""
+
+    policy = BarrierPolicy.adaptive
+    takes_alignment_timeout = True
+    observes = True
+
+    def plan(self, cfg: CheckpointConfig, seen: Observations | None = None) -> BarrierPlan:
+        budget = budget_ms(cfg.alignment_timeout, cfg.timeout)
+        decision = decide(seen or Observations(), budget)
+        if decision.chosen == BarrierPolicy.unaligned:
+            return BarrierPlan(BarrierPolicy.unaligned, decision=decision)
+        return BarrierPlan(decision.chosen, alignment_timeout=budget, switch_after=budget or None, decision=decision)
+
+
 POLICY_RULES: dict[BarrierPolicy, PolicyRule] = {
-    rule.policy: rule for rule in (Aligned(), Unaligned(), AlignedThenUnaligned())
+    rule.policy: rule for rule in (Aligned(), Unaligned(), AlignedThenUnaligned(), Adaptive())
 }
 
 
-def barrier_plan(policy: BarrierPolicy, cfg: CheckpointConfig) -> BarrierPlan:
-    return POLICY_RULES[policy].plan(cfg)
+def barrier_plan(policy: BarrierPolicy, cfg: CheckpointConfig, seen: Observations | None = None) -> BarrierPlan:
+    return POLICY_RULES[policy].plan(cfg, seen)

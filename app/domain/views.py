@@ -158,6 +158,7 @@ def checkpoint_model(cp: CheckpointRow) -> Checkpoint:
         discarded=cp.discarded,
         stop_job=cp.stop_job,
         details={k: v for k, v in cp.details.items() if k != "digest"} if cp.details else None,
+        decision=cp.decision,
     )
 
 

@@ -32,6 +32,11 @@ class CheckpointBarrier:
             except ValueError:
                 known = ", ".join(p.value for p in BarrierPolicy)
                 raise ValueError(f"unknown barrier policy {self.policy!r}; use one of {known}") from None
+        if self.policy == BarrierPolicy.adaptive:
+            raise ValueError(
+                f"checkpoint {self.checkpoint_id}: a barrier carries the policy the coordinator chose for it "
+                "(aligned, unaligned or aligned_then_unaligned), never adaptive"
+            )
 
     @classmethod
     def of(cls, trigger: CheckpointTriggered) -> CheckpointBarrier:

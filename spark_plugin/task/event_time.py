@@ -74,6 +74,11 @@ class EventTime:
     def output_watermark(self) -> int | None:
         return None if self.output == MIN_WATERMARK else self.output
 
+    def shown(self) -> tuple[int | None, bool]:
+        """What the live metrics show: the watermark a source emits, or the input watermark of any other subtask
+        (the minimum over its active input channels); and whether the subtask is idle."""
+        return (self.output_watermark if self.generator is not None else self.watermark), self.output_idle
+
     # ------------------------------------------------------------------ life
 
     def start(self) -> None:

@@ -1,5 +1,5 @@
-"""A subtask's live metrics: records/s, bytes/s and backpressure over its last window, sent to the coordinator
-off the subtask loop.
+"""A subtask's live metrics: records/s, bytes/s and backpressure over its last window, and its current watermark
+with its lag behind the wall clock, sent to the coordinator off the subtask loop.
 
 The loop calls :meth:`LiveMetrics.tick` on every turn (it returns at once unless a second has passed) and
 :meth:`LiveMetrics.blocked` with the time it waited for room in its outputs. A sample is handed to a background
@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from contract.models import MAX_FIGURE
+
 log = logging.getLogger("overtake.subtask")
 
 INTERVAL = 1.0
@@ -24,13 +26,23 @@ INTERVAL = 1.0
 Send = Callable[[dict[str, Any], int], None]
 """Sends one sample (the ``metrics`` of a ``SubtaskMetricsReport``) measured at a time in ms since the epoch."""
 
+WatermarkNow = Callable[[], tuple[int | None, bool]]
+"""The subtask's current watermark (epoch ms, None without one) and whether it is idle."""
+
 
 class LiveMetrics:
     """Turns the loop's counters into rates once per ``interval``; a no-op without ``send``."""
 
-    def __init__(self, send: Send | None, interval: float = INTERVAL, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        send: Send | None,
+        interval: float = INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+        watermark: WatermarkNow | None = None,
+    ):
         self.interval = interval
         self.clock = clock
+        self.watermark = watermark
         self.blocked_s = 0.0
         """Seconds the loop waited for room in its outputs, in all."""
         self._sender = MetricsSender(send) if send is not None else None
@@ -60,11 +72,22 @@ class LiveMetrics:
         }
         self._last = (now, records_in, bytes_in, bytes_out, self.blocked_s)
         self._next = now + self.interval
-        self._sender.offer(sample, int(time.time() * 1000))
+        timestamp = int(time.time() * 1000)
+        if self.watermark is not None:
+            sample.update(watermark_sample(*self.watermark(), timestamp))
+        self._sender.offer(sample, timestamp)
 
     def close(self, timeout: float = 1.0) -> None:
         if self._sender is not None:
             self._sender.close(timeout)
+
+
+def watermark_sample(watermark: int | None, idle: bool, timestamp: int) -> dict[str, Any]:
+    """The watermark fields of a sample measured at ``timestamp``: none without a watermark, or with one outside
+    what the coordinator takes (the end of event time, ``MAX_WATERMARK``, is no time to show a lag against)."""
+    if watermark is None or not -MAX_FIGURE <= watermark <= MAX_FIGURE:
+        return {}
+    return {"watermark": watermark, "watermark_lag_ms": timestamp - watermark, "watermark_idle": idle}
 
 
 class MetricsSender:

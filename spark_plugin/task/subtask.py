@@ -155,7 +155,7 @@ class Subtask:
         self.halted: str | None = None
         self._next_flush = time.monotonic() + self.network.flush_interval
         self.restore_stats: Any = None
-        self.live = LiveMetrics(getattr(reporter, "report_metrics", None))
+        self.live = LiveMetrics(getattr(reporter, "report_metrics", None), watermark=self.event_time.shown)
         self.output_full = False
         """The last turn found no room in the outputs: a wait now is backpressure."""
 

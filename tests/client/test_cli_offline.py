@@ -102,12 +102,27 @@ def test_checkpoint_show_prints_a_row_per_subtask(coordinator):
     assert coordinator.requests[0].url.path == "/api/v1/jobs/1/checkpoints/7"
 
 
+def test_checkpoint_show_says_what_the_adaptive_policy_chose_and_why(coordinator):
+    reason = "backpressure 0.93 ≥ 0.5: an aligned barrier would queue behind full buffers"
+    detail = checkpoint(8) | {
+        "policy": "unaligned",
+        "decision": {"requested": "adaptive", "chosen": "unaligned", "reason": reason, "budget": 1000,
+                     "backpressure": 0.93, "based_on": 7},
+        "subtasks": [],
+        "pending_subtasks": [],
+    }
+    coordinator.answers.append(httpx.Response(200, json=detail))
+    result = runner.invoke(cli.app, ["checkpoints", "show", "1", "8"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    assert "unaligned, chosen by adaptive: backpressure 0.93" in result.stdout
+
+
 def test_json_output_is_the_models_json(coordinator):
     coordinator.answers.append(httpx.Response(201, json=checkpoint(3)))
     result = runner.invoke(cli.app, ["--json", "checkpoints", "trigger", "1", "--policy", "unaligned"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == checkpoint(3) | {
-        "stop_job": False, "details": None, "failure_timestamp": None, "abort_reason": None
+        "stop_job": False, "details": None, "failure_timestamp": None, "abort_reason": None, "decision": None
     }
     assert json.loads(coordinator.bodies[0]) == {"policy": "unaligned"}
 

@@ -190,3 +190,61 @@ def test_bad_metrics_reports_get_a_clear_4xx(sdk, coordinator):
         json={"timestamp": -1, "metrics": {}},
     )
     assert r.status_code == 422 and "timestamp" in r.json()["error"]["message"]
+
+
+def test_each_vertex_shows_the_lowest_watermark_of_its_subtasks_and_the_largest_lag(sdk):
+    job = sdk.create_job(job_spec())
+    sdk.start_attempt(job.id)
+    t = now_ms()
+    report(sdk, job.id, "src", 0, t, watermark=t - 1200, watermark_lag_ms=1200)
+    report(sdk, job.id, "src", 1, t, watermark=t - 300, watermark_lag_ms=300)
+    report(sdk, job.id, "sink", 0, t, records_in_per_second=5.0)  # no event time: no watermark
+    src, sink = sdk.live_metrics(job.id).vertices
+    assert (src.low_watermark, src.watermark_lag_max_ms) == (t - 1200, 1200)
+    assert [(s.metrics.watermark, s.metrics.watermark_lag_ms) for s in src.subtasks] == [
+        (t - 1200, 1200), (t - 300, 300)
+    ]
+    assert (sink.low_watermark, sink.watermark_lag_max_ms) == (None, None)
+
+
+def test_an_idle_subtask_does_not_hold_the_vertex_watermark_back_unless_all_are_idle(sdk):
+    job = sdk.create_job(job_spec())
+    sdk.start_attempt(job.id)
+    t = now_ms()
+    report(sdk, job.id, "src", 0, t, watermark=t - 60_000, watermark_lag_ms=60_000, watermark_idle=True)
+    report(sdk, job.id, "src", 1, t, watermark=t - 500, watermark_lag_ms=500, watermark_idle=False)
+    src = sdk.live_metrics(job.id).vertices[0]
+    assert (src.low_watermark, src.watermark_lag_max_ms) == (t - 500, 500)
+    report(sdk, job.id, "src", 1, t + 1, watermark=t - 400, watermark_lag_ms=401, watermark_idle=True)
+    src = sdk.live_metrics(job.id).vertices[0]
+    assert (src.low_watermark, src.watermark_lag_max_ms) == (t - 60_000, 60_000)
+
+
+def test_a_watermark_without_its_lag_is_given_the_lag_at_the_reports_timestamp(sdk):
+    job = sdk.create_job(job_spec())
+    sdk.start_attempt(job.id)
+    t = now_ms()
+    report(sdk, job.id, "src", 0, t, watermark=t - 2500)
+    src = sdk.live_metrics(job.id).vertices[0]
+    assert src.subtasks[0].metrics.watermark_lag_ms == 2500 and src.watermark_lag_max_ms == 2500
+
+
+def test_bad_watermarks_get_a_clear_4xx_and_change_nothing(sdk, coordinator):
+    job = sdk.create_job(job_spec())
+    sdk.start_attempt(job.id)
+    t = now_ms()
+    report(sdk, job.id, "src", 0, t, watermark=t - 100, watermark_lag_ms=100)
+    url = f"{coordinator.url}/api/v1/jobs/{job.id}/attempts/1/subtasks/src/0/metrics"
+    bad = [
+        ({"watermark": 2**63 - 1}, "watermark"),  # the end of event time is no time
+        ({"watermark": "soon"}, "watermark"),
+        ({"watermark": t, "watermark_lag_ms": 2**60}, "watermark_lag_ms"),
+        ({"watermark_lag_ms": 5}, "without a watermark"),
+        ({"watermark": t, "watermark_idle": "maybe"}, "watermark_idle"),
+    ]
+    for metrics, said in bad:
+        r = httpx.post(url, json={"timestamp": t + 1000, "metrics": metrics})
+        assert r.status_code == 422, (metrics, r.text)
+        assert said in r.json()["error"]["message"], (metrics, r.text)
+    src = sdk.live_metrics(job.id).vertices[0]
+    assert (src.low_watermark, src.subtasks[0].timestamp, src.subtasks[0].metrics.watermark) == (t - 100, t, t - 100)

@@ -49,7 +49,7 @@ def file_rows(directory) -> list[tuple[int, int, int]]:
 
 def checkpoint_config(policy: str) -> CheckpointConfig:
     return CheckpointConfig(
-        interval=400, policy=policy, alignment_timeout=100 if policy == "aligned_then_unaligned" else None,
+        interval=400, policy=policy, alignment_timeout=100 if policy in ("aligned_then_unaligned", "adaptive") else None,
         timeout=30_000, retained=3,
     )
 
@@ -94,6 +94,18 @@ def test_killed_subtasks_leave_file_output_exactly_once_aligned_then_unaligned(s
     assert any(r.restored is not None for r in result.restarts), "no restart restored a checkpoint"
     check_exactly_once(file_rows(out), COUNT)
     assert not list((out / ".pending").iterdir())
+
+
+def test_killed_subtasks_leave_file_output_exactly_once_adaptive(spark, coordinator, tmp_path):
+    out = tmp_path / "out"
+    result = run_with_kills(
+        spark, coordinator, "kill-adaptive", "adaptive", FileSink(str(out)), tmp_path / "pids", 31, COUNT
+    )
+    assert any(r.restored is not None for r in result.restarts), "no restart restored a checkpoint"
+    check_exactly_once(file_rows(out), COUNT)
+    with OvertakeClient(coordinator.url) as client:
+        taken = [c for c in client.list_checkpoints(result.job_id, limit=1000).items if not c.is_savepoint]
+    assert taken and all(c.decision is not None and c.decision.chosen == c.policy for c in taken)
 
 
 def test_exhausted_restarts_fail_the_job_naming_the_checkpoint_to_resume_from(spark, coordinator, tmp_path):

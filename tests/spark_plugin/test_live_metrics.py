@@ -1,16 +1,22 @@
-"""A subtask's live metrics: rates and backpressure once a second, sent off the loop, never waiting for the
-coordinator; and, end to end, what the coordinator shows of a backpressured pipeline's subtasks."""
+"""A subtask's live metrics: rates, backpressure and the watermark once a second, sent off the loop, never waiting
+for the coordinator; and, end to end, what the coordinator shows of a backpressured pipeline's subtasks and of an
+event-time pipeline's watermarks."""
 
 from __future__ import annotations
 
 import threading
 import time
 
+import pytest
+
 from client.sync import OvertakeClient
 from spark_plugin import Pipeline
-from spark_plugin.connectors import CollectSink, SequenceSource
+from spark_plugin.api.watermarks import MAX_WATERMARK, WatermarkStrategy
+from spark_plugin.api.windows import TumblingEventTimeWindows
+from spark_plugin.connectors import CollectSink, DiscardSink, SequenceSource
+from spark_plugin.connectors.event_sequence import EventSequenceSource
 from spark_plugin.network.config import NetworkConfig
-from spark_plugin.task.metrics import LiveMetrics
+from spark_plugin.task.metrics import LiveMetrics, watermark_sample
 from spark_plugin.testing.threads import ThreadedRun
 from tests.spark_plugin.fakes import InMemoryCoordinator
 
@@ -50,6 +56,25 @@ def test_a_sample_is_taken_once_an_interval_passed_with_the_rates_of_that_window
     assert sample["records_in_per_second"] == 200.0 and sample["bytes_in_per_second"] == 2000.0
     assert sample["bytes_out_per_second"] == 1000.0 and sample["backpressure"] == 0.25
     assert sample["records_in"] == 400 and sample["timestamp"] > 0
+
+
+def test_a_sample_carries_the_watermark_and_its_lag_at_the_time_it_was_taken():
+    clock = Clock()
+    sent, got, send = collecting()
+    live = LiveMetrics(send, interval=1.0, clock=clock, watermark=lambda: (1_700_000_000_000, False))
+    clock.t += 1
+    live.tick(1, 0, 0)
+    assert got.acquire(timeout=10)
+    live.close()
+    (sample,) = sent
+    assert sample["watermark"] == 1_700_000_000_000 and sample["watermark_idle"] is False
+    assert sample["watermark_lag_ms"] == sample["timestamp"] - 1_700_000_000_000
+
+
+def test_no_watermark_or_the_end_of_event_time_is_sent_as_none():
+    assert watermark_sample(None, False, 1000) == {}
+    assert watermark_sample(MAX_WATERMARK, False, 1000) == {}
+    assert watermark_sample(-2001, True, 1000) == {"watermark": -2001, "watermark_lag_ms": 3001, "watermark_idle": True}
 
 
 def test_without_a_coordinator_to_send_to_the_loop_measures_nothing():
@@ -144,3 +169,59 @@ def test_a_backpressured_pipelines_subtasks_report_records_per_second_and_backpr
     assert src.records_in_per_second > 0 and slow_vertex.records_in_per_second > 0
     assert src.backpressure_max > 0.2  # the source spends much of its time waiting for the slow stage
     assert slow_vertex.backpressure_max < src.backpressure_max
+
+
+def idle_partition_events() -> Pipeline:
+    """Two source subtasks over four partitions; partition 3 (read by subtask 1) never sends anything."""
+    src = EventSequenceSource(count=None, partitions=4, keys=10, interval_ms=10, disorder_ms=20, idle=[3], rate=400)
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(20, event_time).with_idleness(300).with_interval(50)
+    p = Pipeline("live-watermarks", parallelism=2)
+    (
+        p.source(src, id="src", watermarks=strategy)
+        .key_by(lambda r: r[0])
+        .window(TumblingEventTimeWindows.of(500))
+        .aggregate(lambda: 0, lambda n, r: n + 1, id="win")
+        .sink(DiscardSink(), id="out")
+    )
+    return p
+
+
+def event_time(r):
+    return r[1]
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_an_event_time_pipelines_subtasks_report_watermarks_that_advance_past_an_idle_partition(spark, coordinator):
+    seen: list = []  # the live view of the window vertex, each time its low watermark moved
+
+    def watch() -> None:
+        with OvertakeClient(coordinator.url) as sdk:
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                jobs = [j for j in sdk.list_jobs().items if j.name == "live-watermarks"]
+                if jobs:
+                    live = {v.vertex: v for v in sdk.live_metrics(jobs[0].id).vertices}
+                    win = live.get("win")
+                    if win is not None and win.low_watermark is not None and (
+                        not seen or win.low_watermark > seen[-1][1].low_watermark
+                    ):
+                        seen.append((live["src"], win))
+                    if len(seen) >= 3:
+                        sdk.cancel_job(jobs[0].id)
+                        return
+                time.sleep(0.3)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    result = idle_partition_events().run(spark, coordinator.url, network=NetworkConfig(buffer_size=2048), time_limit=90)
+    watcher.join(10)
+    assert result.status == "job cancelled", f"the window vertex's watermark did not advance: {seen}"
+    src, win = seen[-1]
+    # partition 3 is idle: source subtask 1 emits the watermark of partition 1 alone, and the windows move on
+    assert [s.subtask_index for s in src.subtasks if s.metrics.watermark is not None] == [0, 1]
+    assert win.low_watermark == min(s.metrics.watermark for s in win.subtasks if s.metrics.watermark is not None)
+    for s in src.subtasks + win.subtasks:
+        if s.metrics.watermark is not None:
+            assert s.metrics.watermark_lag_ms == s.timestamp - s.metrics.watermark
+    assert seen[-1][0].low_watermark > seen[0][0].low_watermark  # the sources' watermarks advanced too

@@ -9,6 +9,7 @@ and the checkpoint page's docs/ui-checkpoint.png (the README's pictures).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -90,16 +91,24 @@ def _post(url: str, path: str, body: dict | None = None, token: str | None = Non
     return r.json() if r.content else {}
 
 
-def _report_live(url: str, job_id: int, figures: dict[tuple[str, int], tuple[float, float]]) -> None:
-    """Live metrics of the job's current attempt, as its subtasks would report them: (records/s, backpressure)."""
+def _report_live(
+    url: str,
+    job_id: int,
+    figures: dict[tuple[str, int], tuple[float, float]],
+    lags: dict[tuple[str, int], tuple[int, bool]] | None = None,
+) -> None:
+    """Live metrics of the job's current attempt, as its subtasks would report them: (records/s, backpressure), and
+    for those in ``lags`` a watermark that trails the report's timestamp by the lag (ms), and whether it is idle."""
     attempt = _api(url, f"/api/v1/jobs/{job_id}")["current_attempt"]
     for (vertex, index), (records, backpressure) in figures.items():
+        now = int(time.time() * 1000)
+        metrics = {"window_ms": 1000, "records_in_per_second": records, "backpressure": backpressure}
+        if lags and (vertex, index) in lags:
+            lag, idle = lags[(vertex, index)]
+            metrics |= {"watermark": now - lag, "watermark_lag_ms": lag, "watermark_idle": idle}
         r = httpx.post(
             f"{url}/api/v1/jobs/{job_id}/attempts/{attempt}/subtasks/{vertex}/{index}/metrics",
-            json={
-                "timestamp": int(time.time() * 1000),
-                "metrics": {"window_ms": 1000, "records_in_per_second": records, "backpressure": backpressure},
-            },
+            json={"timestamp": now, "metrics": metrics},
             timeout=10,
         )
         assert r.status_code == 204, r.text
@@ -107,6 +116,8 @@ def _report_live(url: str, job_id: int, figures: dict[tuple[str, int], tuple[flo
 
 LIVE = {("source", 0): (2100.0, 0.82), ("source", 1): (1900.0, 0.78), ("count", 0): (1400.0, 0.04),
         ("count", 1): (1300.0, 0.03), ("count", 2): (1300.0, 0.02), ("sink", 0): (4000.0, 0.0)}
+LAGS = {("source", 0): (1500, False), ("source", 1): (1200, False), ("count", 0): (60_000, True),
+        ("count", 1): (800, False), ("count", 2): (900, False)}  # the sink has no event time
 
 
 def _api(url: str, path: str, token: str | None = None) -> dict:
@@ -168,7 +179,7 @@ def test_job_page_draws_the_graph_config_chart_and_history(page, seeded):
     savepoint = page.locator(f"tr[data-checkpoint='{seeded.savepoint}']").inner_text()
     assert "savepoint" in savepoint and "COMPLETED" in savepoint
     page.locator(".live-live").wait_for()
-    _report_live(seeded.url, seeded.orders, LIVE)
+    _report_live(seeded.url, seeded.orders, LIVE, LAGS)
     page.wait_for_function("document.querySelector(\"[data-live='source']\").textContent.includes('backpressure')")
     _shot(page, "job", readme="ui.png")
 
@@ -547,3 +558,41 @@ def test_the_graph_shows_records_per_second_and_backpressure_live(page, seeded):
     _report_live(seeded.url, seeded.orders, {("source", 0): (2000.0, 0.3), ("source", 1): (2000.0, 0.2)})
     page.wait_for_function("document.querySelector(\"[data-live='source']\").textContent.includes('30%')")
     assert "bp-low" in source.get_attribute("class")
+
+
+def test_the_job_page_shows_each_vertexs_low_watermark_and_each_subtasks_watermark_and_lag(page, seeded):
+    page.goto(f"{seeded.url}/#/jobs/{seeded.orders}")
+    page.locator("svg.graph").wait_for()
+    _report_live(seeded.url, seeded.orders, LIVE, LAGS)
+    page.wait_for_function("document.querySelector(\"[data-watermark='count']\")?.textContent.includes('lag 900 ms')")
+    # the lowest watermark of the vertex's subtasks, with its lag; the idle count[0] is left out
+    source = page.locator("[data-watermark='source']").text_content()
+    assert re.match(r"watermark \d\d:\d\d:\d\d\.\d{3} · lag 1\.5 s", source), source
+    assert page.locator("[data-watermark='sink']").text_content().startswith("watermark –")
+
+    row = page.locator("tr[data-subtask='source[1]']")
+    assert re.fullmatch(r"\d\d:\d\d:\d\d\.\d{3}", row.locator("td.watermark").inner_text()), row.inner_text()
+    assert row.locator("td.lag").inner_text() == "1.2 s"
+    idle = page.locator("tr[data-subtask='count[0]']")
+    assert "(idle)" in idle.locator("td.watermark").inner_text() and idle.locator("td.lag").inner_text() == "1 min 0 s"
+    sink = page.locator("tr[data-subtask='sink[0]']")
+    assert (sink.locator("td.watermark").inner_text(), sink.locator("td.lag").inner_text()) == ("–", "–")
+
+
+def test_an_adaptive_checkpoint_says_what_the_policy_chose_and_why(page, seeded):
+    s = Seeder(seeded.url)
+    try:
+        job = s.job("adaptive-orders", policy="adaptive", alignment_timeout=300)
+        s.attempt(job["id"])
+        _report_live(seeded.url, job["id"], {("source", 0): (2000.0, 0.9)})
+        cp = s.trigger(job["id"])
+    finally:
+        s.close()
+    page.goto(f"{seeded.url}/#/jobs/{job['id']}/checkpoints/{cp}")
+    decision = page.locator("dl.facts .decision")
+    decision.wait_for()
+    assert "chosen by adaptive: backpressure 0.90" in decision.inner_text()
+    assert "unaligned" in page.locator("dl.facts").inner_text()
+    page.goto(f"{seeded.url}/#/jobs/{job['id']}")
+    page.locator(".config").wait_for()
+    assert "adaptive (chooses per checkpoint; alignment budget 300 ms)" in page.locator(".config").inner_text()

@@ -55,3 +55,25 @@ export function percentile(sorted: number[], p: number): number | null {
   if (sorted.length === 0) return null;
   return sorted[Math.max(0, Math.min(sorted.length - 1, Math.ceil(p * sorted.length) - 1))];
 }
+
+/** An event time (a watermark): the time with milliseconds, and the date when it is not today. */
+export function eventTime(ts: number | null | undefined): string {
+  if (ts === null || ts === undefined) return "–";
+  const d = new Date(ts);
+  const t = d.toLocaleTimeString("en-GB", { hour12: false });
+  if (new Date().toDateString() === d.toDateString()) return `${t}.${String(d.getMilliseconds()).padStart(3, "0")}`;
+  const pad = (n: number) => String(n).padStart(2, "0");
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${t}`;
+}
+
+/** A duration that may be long (a watermark's lag): ms, s with a decimal, then min, h and d; negative: ahead. */
+export function duration(v: number | null | undefined): string {
+  if (v === null || v === undefined) return "–";
+  const a = Math.abs(v);
+  const sign = v < 0 ? "-" : "";
+  if (a < 1000) return `${sign}${Math.round(a)} ms`;
+  if (a < 60_000) return `${sign}${(a / 1000).toFixed(1)} s`;
+  if (a < 3_600_000) return `${sign}${Math.floor(a / 60_000)} min ${Math.floor((a % 60_000) / 1000)} s`;
+  if (a < 86_400_000) return `${sign}${Math.floor(a / 3_600_000)} h ${Math.floor((a % 3_600_000) / 60_000)} min`;
+  return `${sign}${count(Math.floor(a / 86_400_000))} d`;
+}

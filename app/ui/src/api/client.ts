@@ -18,6 +18,7 @@ export type Graph = Schemas["Graph"];
 export type AttemptInfo = Schemas["AttemptInfo"];
 export type JobLiveMetrics = Schemas["JobLiveMetrics"];
 export type VertexLiveMetrics = Schemas["VertexLiveMetrics"];
+export type SubtaskLiveMetrics = Schemas["SubtaskLiveMetrics"];
 export type VertexCheckpointSummary = Schemas["VertexCheckpointSummary"];
 export type MinMaxAvg = Schemas["MinMaxAvg"];
 

@@ -474,8 +474,9 @@ export interface paths {
         put?: never;
         /**
          * Report Subtask Metrics
-         * @description A running subtask's latest metrics (records/s, backpressure). Idempotent: only the newest report of each
-         *     subtask is kept, in the coordinator's memory; 409 when the attempt is no longer current or the job ended.
+         * @description A running subtask's latest metrics (records/s, backpressure, watermark and its lag). Idempotent: only the
+         *     newest report of each subtask is kept, in the coordinator's memory; 409 when the attempt is no longer current
+         *     or the job ended.
          */
         post: operations["report_subtask_metrics"];
         delete?: never;
@@ -493,8 +494,8 @@ export interface paths {
         };
         /**
          * Job Live Metrics
-         * @description Per vertex of the job's current attempt: records/s and backpressure from its subtasks' recent reports
-         *     (empty while nothing reported, and once the job ended).
+         * @description Per vertex of the job's current attempt: records/s, backpressure, and the low watermark with its lag from its
+         *     subtasks' recent reports (empty while nothing reported, and once the job ended).
          */
         get: operations["job_live_metrics"];
         put?: never;
@@ -746,7 +747,7 @@ export interface components {
          * BarrierPolicy
          * @enum {string}
          */
-        BarrierPolicy: "aligned" | "unaligned" | "aligned_then_unaligned";
+        BarrierPolicy: "aligned" | "unaligned" | "aligned_then_unaligned" | "adaptive";
         /** BlobInfo */
         BlobInfo: {
             /** Blob Id */
@@ -952,6 +953,8 @@ export interface components {
             details?: {
                 [key: string]: unknown;
             } | null;
+            /** @description For checkpoints of the adaptive policy: what it chose and why. */
+            decision?: components["schemas"]["PolicyDecision"] | null;
         };
         /** CheckpointConfig */
         CheckpointConfig: {
@@ -982,7 +985,7 @@ export interface components {
             policy: components["schemas"]["BarrierPolicy"];
             /**
              * Alignment Timeout
-             * @description For aligned_then_unaligned: ms after the trigger at which alignment switches to unaligned (below timeout).
+             * @description For aligned_then_unaligned: ms after the trigger at which alignment switches to unaligned (below timeout). For adaptive: the alignment budget (default 1000 ms, at most half the timeout).
              */
             alignment_timeout?: number | null;
             /**
@@ -1086,6 +1089,8 @@ export interface components {
             details?: {
                 [key: string]: unknown;
             } | null;
+            /** @description For checkpoints of the adaptive policy: what it chose and why. */
+            decision?: components["schemas"]["PolicyDecision"] | null;
             /** Subtasks */
             subtasks: components["schemas"]["SubtaskStats"][];
             /**
@@ -1447,6 +1452,36 @@ export interface components {
             /** Reason */
             reason: string;
         };
+        /**
+         * PolicyDecision
+         * @description What the adaptive policy chose for one checkpoint, and why.
+         */
+        PolicyDecision: {
+            /** @description The policy asked for (adaptive). */
+            requested: components["schemas"]["BarrierPolicy"];
+            /** @description What the checkpoint's barriers carried: aligned_then_unaligned (with the budget as alignment timeout) or unaligned. */
+            chosen: components["schemas"]["BarrierPolicy"];
+            /**
+             * Reason
+             * @description The rule that decided, with the figures it saw.
+             */
+            reason: string;
+            /**
+             * Budget
+             * @description The alignment budget (ms).
+             */
+            budget: number;
+            /**
+             * Backpressure
+             * @description Highest recent backpressure of the job's subtasks, when the coordinator had any.
+             */
+            backpressure?: number | null;
+            /**
+             * Based On
+             * @description The finished checkpoint the decision looked at.
+             */
+            based_on?: number | null;
+        };
         /** RecordPreview */
         RecordPreview: {
             /**
@@ -1694,7 +1729,7 @@ export interface components {
         /**
          * SubtaskMetrics
          * @description What a running subtask measured over its last window. Every field is optional, and fields this coordinator
-         *     does not know are ignored, so a runtime can report more (e.g. a watermark) without breaking an older one.
+         *     does not know are ignored, so a runtime can report more without breaking an older one.
          */
         SubtaskMetrics: {
             /**
@@ -1722,6 +1757,21 @@ export interface components {
             bytes_in?: number | null;
             /** Bytes Out */
             bytes_out?: number | null;
+            /**
+             * Watermark
+             * @description The subtask's current input watermark (event time, ms since the epoch): the minimum over its active inputs, or what a source emits. Null before the first watermark, without event time, and once its input ended.
+             */
+            watermark?: number | null;
+            /**
+             * Watermark Lag Ms
+             * @description How far the watermark trails the wall clock: the report's timestamp minus the watermark (ms; negative when event time runs ahead of the clock). Null without a watermark.
+             */
+            watermark_lag_ms?: number | null;
+            /**
+             * Watermark Idle
+             * @description Every input of the subtask (every partition of a source) is idle: its watermark holds nothing downstream back, and the vertex's low watermark leaves it out.
+             */
+            watermark_idle?: boolean | null;
         };
         /**
          * SubtaskMetricsReport
@@ -1905,6 +1955,16 @@ export interface components {
             backpressure_max: number | null;
             /** Backpressure Avg */
             backpressure_avg?: number | null;
+            /**
+             * Low Watermark
+             * @description The lowest watermark of the reporting subtasks that have one, idle subtasks left out unless all are idle (ms since the epoch); null when none has one.
+             */
+            low_watermark?: number | null;
+            /**
+             * Watermark Lag Max Ms
+             * @description The largest watermark lag of the subtasks the low watermark is taken over.
+             */
+            watermark_lag_max_ms?: number | null;
             /** Subtasks */
             subtasks: components["schemas"]["SubtaskLiveMetrics"][];
         };

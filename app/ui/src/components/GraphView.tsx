@@ -1,11 +1,12 @@
 // The job graph drawn as layers of vertices (by longest path from the sources) joined by partitioned edges; with live
-// metrics, each vertex shows its records/s and its backpressure (the busiest subtask's share of time blocked on output).
+// metrics, each vertex shows its records/s and its backpressure (the busiest subtask's share of time blocked on output),
+// and its low watermark with its lag behind the wall clock.
 import type { Graph, VertexLiveMetrics } from "../api/client";
-import { percent, rate } from "../format";
+import { duration, eventTime, percent, rate } from "../format";
 
-const W = 206;
-const H = 78;
-const GAP_X = 96;
+const W = 226;
+const H = 98;
+const GAP_X = 76;
 const GAP_Y = 26;
 const PAD = 16;
 
@@ -39,6 +40,12 @@ export function layout(graph: Graph) {
 export function pressure(share: number | null | undefined): "ok" | "low" | "high" | "none" {
   if (share === null || share === undefined) return "none";
   return share <= 0.1 ? "ok" : share <= 0.5 ? "low" : "high";
+}
+
+/** "watermark 12:00:01.250 · lag 1.2 s", or a dash without event time. */
+export function watermarkLine(m: VertexLiveMetrics): string {
+  if (m.low_watermark === null || m.low_watermark === undefined) return "watermark –";
+  return `watermark ${eventTime(m.low_watermark)} · lag ${duration(m.watermark_lag_max_ms)}`;
 }
 
 export function GraphView({ graph, live }: { graph: Graph; live?: Map<string, VertexLiveMetrics> }) {
@@ -107,6 +114,15 @@ export function GraphView({ graph, live }: { graph: Graph; live?: Map<string, Ve
                   : "its subtasks have not reported metrics recently"}
               </title>
             </text>
+            {m && m.reporting > 0 && (
+              <text x="12" y="83" class="vertex-watermark" data-watermark={v.id}>
+                {watermarkLine(m)}
+                <title>
+                  {"the lowest watermark of its subtasks (idle ones left out unless all are idle) and how far the " +
+                    "furthest behind trails the wall clock"}
+                </title>
+              </text>
+            )}
           </g>
         );
       })}

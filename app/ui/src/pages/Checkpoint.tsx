@@ -133,6 +133,11 @@ export function CheckpointPage({ jobId, cpId }: { jobId: number; cpId: number })
         <dd>
           {cp.policy}
           {cp.alignment_timeout !== null ? ` (timeout ${ms(cp.alignment_timeout)})` : ""}
+          {cp.decision ? (
+            <div class="decision" title={`the adaptive policy looked at ${cp.decision.based_on !== null && cp.decision.based_on !== undefined ? `checkpoint ${cp.decision.based_on}` : "no finished checkpoint"}`}>
+              chosen by adaptive: {cp.decision.reason}
+            </div>
+          ) : null}
         </dd>
         <dt>triggered</dt>
         <dd>{time(cp.trigger_timestamp)}</dd>

@@ -1,5 +1,6 @@
-// A job: graph with live metrics, checkpoint config, attempts, history chart and paged table, actions that follow
-// the job's state (trigger while it runs; cancel and stop with a savepoint, confirmed), live updates from its events.
+// A job: graph with live metrics, the subtasks' live figures, checkpoint config, attempts, history chart and paged
+// table, actions that follow the job's state (trigger while it runs; cancel and stop with a savepoint, confirmed), live
+// updates from its events.
 import { useEffect, useMemo, useRef, useState } from "preact/hooks";
 import {
   ACTIVE_STATUSES,
@@ -27,6 +28,7 @@ import {
 } from "../components/common";
 import { GraphView } from "../components/GraphView";
 import { HistoryChart } from "../components/HistoryChart";
+import { LiveSubtasks } from "../components/LiveSubtasks";
 import { age, bytes, count, ms, percentile, time } from "../format";
 import { warmUp } from "../warmup";
 
@@ -330,7 +332,8 @@ export function JobPage({ jobId }: { jobId: number }) {
           {active && (
             <p class="footnote">
               Live: records taken per second and backpressure (the busiest subtask's share of time waiting for room in
-              its outputs: green up to 10%, amber up to 50%, red above), as the subtasks report them every second.
+              its outputs: green up to 10%, amber up to 50%, red above), and the low watermark with how far it trails
+              the wall clock, as the subtasks report them every second.
             </p>
           )}
         </div>
@@ -347,6 +350,9 @@ export function JobPage({ jobId }: { jobId: number }) {
               cfg.alignment_timeout !== undefined
                 ? ` (switch after ${ms(cfg.alignment_timeout)})`
                 : ""}
+              {cfg.policy === "adaptive"
+                ? ` (chooses per checkpoint; alignment budget ${ms(cfg.alignment_timeout ?? Math.min(1000, Math.floor(cfg.timeout / 2)))})`
+                : ""}
             </dd>
             <dt>timeout</dt>
             <dd>{ms(cfg.timeout)}</dd>
@@ -361,6 +367,13 @@ export function JobPage({ jobId }: { jobId: number }) {
           </dl>
         </div>
       </div>
+
+      {active && live && (
+        <div class="panel">
+          <h2>Subtasks</h2>
+          <LiveSubtasks live={live} />
+        </div>
+      )}
 
       {attempts.data && attempts.data.items.length > 0 && (
         <div class="panel">
