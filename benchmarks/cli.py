@@ -9,7 +9,11 @@ Scenarios (default: all):
   acks          5. coordinator ack throughput against its no-database ceiling
   timers        6. unaligned checkpoint duration while bursts of event-time timers fire, against no timers
                    (its own report: timers.md; benchmarks/timers.py)
-  state         7. state straight into the store against through the coordinator (state.md)
+  state         7. state straight into the blob store against state through the coordinator (state.md;
+                   benchmarks/state_paths.py)
+  inflight      8. persisted in-flight bytes per unaligned checkpoint and recovery time under backpressure, fixed
+                   buffers against buffer debloating to 1 s and 0.1 s, depths 1 and 2 (inflight.md, and a section
+                   of report.md; benchmarks/inflight.py)
   adaptive      9. the adaptive policy against the fixed ones when backpressure comes and goes (adaptive.md)
 """
 
@@ -27,6 +31,7 @@ from typing import Any
 
 from benchmarks.flip76 import POLICIES, Runner, Settings, disk_bench, spark_tasks_needed
 from benchmarks.report import BenchResults, machine_facts, write
+from contract.units import human_bytes
 
 SCENARIOS = {
     "checkpoints": "1. checkpoint duration under backpressure",
@@ -36,10 +41,11 @@ SCENARIOS = {
     "acks": "5. coordinator ack throughput",
     "timers": "6. checkpoints while timers fire",
     "state": "7. state straight into the store vs. through the coordinator",
+    "inflight": "8. in-flight bytes and recovery: fixed buffers vs. debloating",
     "adaptive": "9. the adaptive policy when backpressure comes and goes",
 }
 _ALIASES = {"1": "checkpoints", "2": "throughput-bp", "3": "throughput", "4": "disk", "5": "acks", "6": "timers",
-            "7": "state", "9": "adaptive"}
+            "7": "state", "8": "inflight", "9": "adaptive"}
 
 
 class BenchUsageError(ValueError):
@@ -118,6 +124,16 @@ def settings_from(args: BenchArgs) -> Settings:
     return Settings.quick_settings(**over) if args.quick else Settings(**over)
 
 
+def inflight_settings_from(args: BenchArgs) -> Any:
+    """Scenario 8's settings: ``--depths`` when given, ``--quick``."""
+    from benchmarks import inflight
+
+    over: dict[str, Any] = {}
+    if args.depths:
+        over["depths"] = tuple(int(d) for d in args.depths.split(","))
+    return inflight.Settings.quick_settings(**over) if args.quick else inflight.Settings(**over)
+
+
 def _adaptive_settings(args: BenchArgs) -> Any:
     from benchmarks.adaptive import WaveSettings
 
@@ -169,13 +185,21 @@ def main(args: BenchArgs) -> int:
     t0 = time.monotonic()
     load0 = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     chosen = args.chosen
-    need_spark = any(c in chosen for c in ("checkpoints", "throughput-bp", "throughput", "state", "adaptive"))
+    need_spark = any(c in chosen for c in ("checkpoints", "throughput-bp", "throughput", "state", "inflight",
+                                           "adaptive"))
+    inflight_settings = inflight_settings_from(args)
+    spark_tasks = max(spark_tasks_needed(s), inflight_settings.spark_tasks() if "inflight" in chosen else 0,
+                      _adaptive_tasks(args))
     runs_1 = [(p, d) for d in s.depths for p in s.policies] if "checkpoints" in chosen else []
     if "throughput-bp" in chosen and not runs_1:
         runs_1 = [(p, min(s.depths)) for p in s.policies]
     steps = len(runs_1) + (1 if "throughput-bp" in chosen else 0)
     steps += 2 * s.no_backpressure_repeats if "throughput" in chosen else 0
     steps += ("disk" in chosen) + ("acks" in chosen) + ("timers" in chosen) + ("state" in chosen)
+    if "inflight" in chosen:
+        from benchmarks import inflight
+
+        steps += len(inflight_settings.depths) * len(inflight.sizings())
     steps += ("adaptive" in chosen)
     steps += 2 if need_spark else 0
     steps += len(s.depths) if "checkpoints" in chosen else 0
@@ -203,8 +227,8 @@ def main(args: BenchArgs) -> int:
         try:
             status("machine facts")
             if need_spark:
-                status(f"starting Spark local[{spark_tasks_needed(s)}]")
-                spark = _start_spark(max(spark_tasks_needed(s), _adaptive_tasks(args)))
+                status(f"starting Spark local[{spark_tasks}]")
+                spark = _start_spark(spark_tasks)
                 done("Spark started")
                 from app.local import LocalCoordinator
                 from benchmarks.acks import new_pg_database
@@ -261,6 +285,21 @@ def main(args: BenchArgs) -> int:
                         results.free.append(x)
                         done(f"{x.label}: {x.throughput:,.0f} records/s"
                              + (f", {x.completed} checkpoints completed" if pol else ""))
+            if "inflight" in chosen:
+                from benchmarks import inflight
+
+                status("", SCENARIOS["inflight"])
+
+                def inflight_done(x: Any) -> None:
+                    done(f"{x.sizing}, depth {x.depth}: persisted {human_bytes(x.persisted_avg, '–')} per "
+                         f"checkpoint (p50 {human_bytes(x.persisted_p50, '–')}), recovery "
+                         f"{'–' if x.recovery_s is None else f'{x.recovery_s:.2f} s'}")
+
+                results.inflight = inflight.InflightResult(settings={})
+                measured = inflight.measure(spark, coordinator.url, inflight_settings, status, inflight_done,
+                                            into=results.inflight)
+                machine = ", ".join(f"{k}: {v}" for k, v in results.machine.items())
+                inflight.write(measured, out, results.command, machine)
             if "adaptive" in chosen:
                 from benchmarks import adaptive
 

@@ -402,10 +402,10 @@ def realistic_buffers(s: Settings, n: int = 16) -> list[tuple[bytes, int]]:
 
 
 def inflight_capacity_bytes(net: NetworkConfig, channels: int = 2) -> int:
-    """What a subtask with ``channels`` inputs and outputs can hold in flight with this sizing (one blob)."""
-    buffers = channels * net.exclusive_buffers_per_channel + net.floating_buffers_per_gate
-    buffers += channels * net.max_buffers_per_output_channel
-    return buffers * net.buffer_size
+    """What a subtask with ``channels`` inputs and outputs can persist in one checkpoint with this sizing (one
+    blob): its input gate's buffers and, per output channel, its credit plus the backlog (the runtime's bound,
+    ``NetworkConfig.inflight_capacity_bytes``)."""
+    return net.inflight_capacity_bytes(inputs=channels, outputs=channels)
 
 
 def raw_write(path: Path, total: int, chunk: int = 4 << 20) -> float:

@@ -180,7 +180,6 @@ def progress_under_failures(spark, url: str, policy: str, duration: float, every
 
 
 def recovery_time(spark, url: str, buffers: str, delay: float, workdir: Path, rescale: str = "same") -> RecoveryPoint:
-    from client.sync import OvertakeClient
     from contract.models import CheckpointConfig
     from spark_plugin.connectors import CollectSink
     from spark_plugin.driver.run import run_pipeline
@@ -197,24 +196,58 @@ def recovery_time(spark, url: str, buffers: str, delay: float, workdir: Path, re
         counter(name, CollectSink(), str(pid_dir), delay), spark, url, checkpoint=cfg, network=network,
         stop_after_checkpoints=3, finish=False,
     )
-    with OvertakeClient(url) as c:
-        plan = c.restore_plan(first.job_id)
-    restored_bytes = sum(s.length for sub in plan.subtasks for s in sub.input_channel_state + sub.output_channel_state)
-    # records each sequence split had emitted by the checkpoint (two splits: the sources' first parallelism)
-    emitted = {int(split): n for sub in plan.subtasks if sub.vertex == "src"
-               for split, n in sub.source_offsets["positions"].items()}
-    count = 2 * max(emitted.values()) + 2_000
     keyed = RESCALES[rescale]
-    submitted = time.time()
-    second = run_pipeline(
-        counter(name, CollectSink(), str(pid_dir), delay, count=count, keyed=keyed), spark, url, network=network,
-        checkpoint=cfg, job_id=first.job_id, restore_from=plan.checkpoint_id,
+    restored = timed_restore(
+        spark, url, first.job_id, lambda count: counter(name, CollectSink(), str(pid_dir), delay, count=count,
+                                                        keyed=keyed),
+        checkpoint=cfg, network=network,
     )
-    out = second.outputs("out")
+    return RecoveryPoint(buffers, restored.restored_bytes, restored.replayed_records, restored.seconds, keyed)
+
+
+@dataclass
+class TimedRestore:
+    checkpoint_id: int
+    restored_bytes: int
+    """In-flight data (input and output channel state) of the restored checkpoint."""
+    replayed_records: int
+    seconds: float
+    replay_seconds: float = 0.0
+    """Of ``seconds``: from the first record the new attempt's last stage processed until it caught up."""
+
+
+def timed_restore(spark, url: str, job_id: int, pipeline_for, source: str = "src", sink: str = "out",
+                  **run_options: Any) -> TimedRestore:
+    """Restore the job's latest checkpoint in a new attempt of a bounded copy of its pipeline and time it.
+
+    ``pipeline_for(count)`` builds the pipeline with sources that stop at ``count`` records: a little more than
+    they had emitted by the checkpoint. Its sink receives ``(key, seq, ..., processed_at)`` (the sequence number
+    second, the time the last stage processed the record last). The time is from submitting the new attempt (the
+    Spark stage's start included) until the last stage processed the last record that the sources had emitted by
+    the checkpoint (the restored in-flight data replayed, the pipeline caught up), or with nothing in flight its
+    first record; ``replay_seconds`` leaves the start of the attempt out (from its first processed record on).
+    """
+    from client.sync import OvertakeClient
+    from spark_plugin.driver.run import run_pipeline
+
+    with OvertakeClient(url) as c:
+        plan = c.restore_plan(job_id)
+    restored_bytes = sum(s.length for sub in plan.subtasks for s in sub.input_channel_state + sub.output_channel_state)
+    # records each sequence split had emitted by the checkpoint (seq % splits is the split)
+    emitted = {int(split): n for sub in plan.subtasks if sub.vertex == source
+               for split, n in sub.source_offsets["positions"].items()}
+    splits = len(emitted)
+    count = splits * max(emitted.values()) + 2_000
+    submitted = time.time()
+    second = run_pipeline(pipeline_for(count), spark, url, job_id=job_id, restore_from=plan.checkpoint_id,
+                          **run_options)
+    # what the new attempt processed (a collecting sink also holds the output it restored from the checkpoint)
+    out = [r for r in second.outputs(sink) if r[-1] >= submitted]
     # a record is restored in-flight data when its source had emitted it by the checkpoint
-    replayed = [r for r in out if r[1] // 2 < emitted[r[1] % 2]]
-    done_at = max(r[3] for r in replayed) if replayed else min(r[3] for r in out)
-    return RecoveryPoint(buffers, restored_bytes, len(replayed), done_at - submitted, keyed)
+    replayed = [r for r in out if r[1] // splits < emitted[r[1] % splits]]
+    first_at = min(r[-1] for r in out)
+    done_at = max(r[-1] for r in replayed) if replayed else first_at
+    return TimedRestore(plan.checkpoint_id, restored_bytes, len(replayed), done_at - submitted, done_at - first_at)
 
 
 # -------------------------------------------------------------------------------------------------- report

@@ -29,6 +29,8 @@ class BenchResults:
     disk: DiskStats | None = None
     acks: Any = None
     ack_path: list = field(default_factory=list)
+    inflight: Any = None
+    """Scenario 8 (``benchmarks.inflight.InflightResult``)."""
     errors: dict[str, str] = field(default_factory=dict)
     plots: list[str] = field(default_factory=list)
 
@@ -386,6 +388,11 @@ def markdown(r: BenchResults) -> str:
         out.append(a.markdown() + "\n")
         if a.errors:
             out.append(f"Non-200 responses: {a.errors}\n")
+
+    if r.inflight is not None and r.inflight.runs:
+        from benchmarks import inflight
+
+        out.append(inflight.markdown(r.inflight))
     return "\n".join(out)
 
 
@@ -537,7 +544,9 @@ def write(r: BenchResults, out: Path) -> Path:
         if r.no_checkpoints_backpressure else None,
         "no_backpressure": [x.as_dict() for x in r.free],
         "disk": r.disk.as_dict() if r.disk else None,
-        "acks": _acks_dict(r.acks), "ack_path": [a.as_dict() for a in r.ack_path], "errors": r.errors,
+        "acks": _acks_dict(r.acks), "ack_path": [a.as_dict() for a in r.ack_path],
+        "inflight": [x.as_dict() for x in r.inflight.runs] if r.inflight is not None else None,
+        "errors": r.errors,
         "targets": [t.__dict__ for t in targets(r)],
     }
     (out / "results.json").write_text(json.dumps(data, indent=2, default=str))

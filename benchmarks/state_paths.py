@@ -39,11 +39,13 @@ def buffer_sizes() -> dict[str, NetworkConfig]:
 
 
 def large_state_network() -> NetworkConfig:
-    """≥ 50 MiB in flight per keyed subtask: 1.5 MiB buffers, 16 exclusive per channel, 32 floating per gate (96 MiB
-    of input per keyed subtask with two input channels), 16 per output channel. With 1 MiB buffers (about 110 MiB
-    persisted per checkpoint) the through-coordinator path still kept up with a 1 s interval (946 ms p50); with
-    2 MiB (280 MiB) the direct path took 949 ms, at this disk's bandwidth."""
-    return NetworkConfig(buffer_size=3 << 19, exclusive_buffers_per_channel=16, floating_buffers_per_gate=32,
+    """≥ 50 MiB in flight per keyed subtask: 1.5 MiB buffers, 18 exclusive per channel (54 MiB held by a keyed
+    subtask's two input channels under backpressure), 32 floating per gate, 16 per output channel. Output channels
+    hold only their credit plus one buffer, so the input side is what counts; it was 16 exclusive while the senders'
+    queues filled up to 16 buffers each whatever their credit. With 1 MiB buffers (about 110 MiB persisted per
+    checkpoint then) the through-coordinator path still kept up with a 1 s interval (946 ms p50); with 2 MiB
+    (280 MiB) the direct path took 949 ms, at this disk's bandwidth."""
+    return NetworkConfig(buffer_size=3 << 19, exclusive_buffers_per_channel=18, floating_buffers_per_gate=32,
                          max_buffers_per_output_channel=16)
 
 

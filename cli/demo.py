@@ -111,6 +111,7 @@ class DemoOptions:
     keys: int = 64
     skew: float = 0.8
     buffer_size: int = 32 * 1024
+    debloat_target: float | None = None
     only: str | None = None
     event_time: bool = True
     wait: bool = False
@@ -132,7 +133,7 @@ def run_phase(args: DemoOptions, spark: Any, url: str, policy: str, console: Any
         try:
             outcome["result"] = pipeline.run(
                 spark, url, checkpoint=config, time_limit=args.duration,
-                network=NetworkConfig(buffer_size=args.buffer_size),
+                network=NetworkConfig(buffer_size=args.buffer_size, debloat_target_s=args.debloat_target),
             )
         except BaseException as e:  # noqa: BLE001 - reported below
             outcome["error"] = e

@@ -402,6 +402,11 @@ def demo(
     keys: Annotated[int, typer.Option(help="Distinct keys.", min=1)] = 64,
     skew: Annotated[float, typer.Option(help="Zipf exponent of the key distribution.", min=0)] = 0.8,
     buffer_size: Annotated[int, typer.Option(help="Network buffer size in bytes.", min=256)] = 32 * 1024,
+    debloat_target: Annotated[
+        float | None,
+        typer.Option(help="Buffer debloating: seconds of throughput the in-flight buffers hold (e.g. 1.0); "
+                     "default off, buffers keep --buffer-size.", min=0.001, show_default=False),
+    ] = None,
     only: Annotated[Policy | None, typer.Option(help="Run one policy only.", show_default=False)] = None,
     event_time: Annotated[
         bool,
@@ -425,7 +430,8 @@ def demo(
     options = DemoOptions(
         coordinator=coordinator, data_dir=data_dir, port=port, duration=duration, interval=interval,
         parallelism=parallelism, record_cost=record_cost, payload=payload, keys=keys, skew=skew,
-        buffer_size=buffer_size, only=only.value if only else None, event_time=event_time,
+        buffer_size=buffer_size, debloat_target=debloat_target, only=only.value if only else None,
+        event_time=event_time,
         wait=sys.stdin.isatty() and sys.stdout.isatty() if wait is None else wait,
     )
     raise typer.Exit(run(options))
@@ -439,6 +445,7 @@ class Scenario(str, Enum):
     acks = "acks"
     timers = "timers"
     state = "state"
+    inflight = "inflight"
     adaptive = "adaptive"
 
 
@@ -451,7 +458,9 @@ def bench(
             "throughput-bp (2. throughput under backpressure), throughput (3. without backpressure), disk "
             "(4. channel-state write bandwidth), acks (5. coordinator ack throughput), timers (6. checkpoints while "
             "event-time timers fire), state (7. state straight into the blob store against state through the "
-            "coordinator), adaptive (9. the adaptive policy against the fixed ones when backpressure comes and goes).",
+            "coordinator), inflight (8. persisted in-flight bytes per unaligned checkpoint and recovery time, "
+            "fixed buffers against buffer debloating to 1 s and 0.1 s), adaptive (9. the adaptive policy against "
+            "the fixed ones when backpressure comes and goes).",
             show_default=False,
         ),
     ] = None,

@@ -1,7 +1,14 @@
 """Input gates: the receiving side of a subtask's channels, with exclusive and floating credits.
 
-Each channel starts with ``exclusive`` credits; the gate lends its ``floating`` buffers to channels whose
-sender announced a backlog, and takes them back as buffers are processed (Flink's credit-based flow control).
+Each channel starts with ``exclusive`` credits; the gate lends its ``floating`` buffers only to a channel whose
+sender announced a backlog (the buffers it holds beyond its credit, sent with every buffer) and takes them back as
+buffers are processed (Flink's credit-based flow control with backlog-driven floating buffers). A sender holds at
+most its credit plus one buffer of backlog, so under backpressure a channel's in-flight data is its receiver's
+buffers plus one, not a full output queue as well.
+
+With buffer debloating (``spark_plugin.network.debloat``) the gate also measures what its subtask takes in and
+announces the buffer size its senders should cut at.
+
 A priority barrier is queued in its channel at its arrival position *and* announced on the gate's priority
 list, so the subtask acts on it between two records; the buffers queued ahead of it are the ones it overtook.
 
@@ -29,6 +36,7 @@ from collections import deque
 
 from spark_plugin.network import wire
 from spark_plugin.network.barrier import CheckpointBarrier
+from spark_plugin.network.debloat import BufferDebloater
 from spark_plugin.network.mailbox import Mailbox
 from spark_plugin.network.persisting import ChannelStatePersister, ChannelStateWriting
 from spark_plugin.plan.topology import ChannelInfo
@@ -91,8 +99,11 @@ class InputGate:
         floating: int,
         mailbox: Mailbox,
         writer: ChannelStateWriting | None = None,
+        debloater: BufferDebloater | None = None,
     ) -> None:
         self.channels = [InputChannel(i, info, writer) for i, info in enumerate(infos)]
+        self.debloater = debloater if infos else None
+        """Sizes the senders' buffers to a target time of throughput (None: debloating is off)."""
         self.exclusive = exclusive
         self.floating_free = floating
         self.mailbox = mailbox
@@ -113,7 +124,10 @@ class InputGate:
         ch.sock = sock
         with self.mailbox.lock:
             ch.granted = self.exclusive
+            size = self.debloater.announced if self.debloater is not None else None
         wire.send(sock, wire.CREDIT, self.exclusive)
+        if size is not None and size != self.debloater.max_size:  # type: ignore[union-attr]
+            wire.send(sock, wire.BUFFER_SIZE, size)
         t = threading.Thread(target=self._read_loop, args=(ch,), name=f"read {ch.info.name}", daemon=True)
         self._threads.append(t)
         t.start()
@@ -131,7 +145,7 @@ class InputGate:
                         ch.backlog = aux
                         ch.received_buffers += 1
                         ch.received_bytes += len(payload)
-                        self._lend_floating()
+                        self._lend_floating(ch)
                     elif kind == wire.EVENT:
                         self._queue_barrier(ch, CheckpointBarrier.decode(payload))
                     elif kind == wire.PRIORITY:
@@ -194,19 +208,23 @@ class InputGate:
             except OSError as e:
                 ch.error = e
 
-    def _lend_floating(self) -> None:
-        """Lend floating buffers to channels whose backlog exceeds their credit (lock held)."""
-        if self.floating_free <= 0:
-            return
+    def _lend_floating(self, ch: InputChannel) -> None:
+        """The sender of ``ch`` announced its backlog: lend it floating buffers for the part its credit does not
+        cover (lock held)."""
+        want = ch.backlog - ch.granted
+        if want > 0 and self.floating_free > 0 and not ch.ended:
+            n = min(want, self.floating_free)
+            ch.floating += n
+            self.floating_free -= n
+            self._grant(ch, n)
+
+    def _lend_returned(self) -> None:
+        """A floating buffer came back: it goes to a channel whose announced backlog is still not covered (lock
+        held)."""
         for ch in self.channels:
-            want = ch.backlog - ch.granted
-            if want > 0 and not ch.ended:
-                n = min(want, self.floating_free)
-                ch.floating += n
-                self.floating_free -= n
-                self._grant(ch, n)
-                if self.floating_free <= 0:
-                    return
+            if self.floating_free <= 0:
+                return
+            self._lend_floating(ch)
 
     # ---------------------------------------------------------------- called by the subtask loop (lock held)
 
@@ -216,7 +234,7 @@ class InputGate:
         if ch.floating > 0 and ch.backlog <= ch.granted:
             ch.floating -= 1
             self.floating_free += 1
-            self._lend_floating()
+            self._lend_returned()
         else:
             self._grant(ch, 1)
 
@@ -262,6 +280,8 @@ class InputGate:
             item = ch.items.popleft()
             if item[0] in DATA:
                 ch.persister.maybe_persist(item[1])
+                if self.debloater is not None:
+                    self.debloater.add_bytes(len(item[1]))
             return ch, item
         return None
 
@@ -285,6 +305,32 @@ class InputGate:
         with self.mailbox.lock:
             self.channels[index].items.extendleft((RECOVERED, b) for b in reversed(buffers))
             self.mailbox.signal_locked()
+
+    def buffers_in_use(self, in_hand: bool) -> int:
+        """Buffers of the gate holding data now: queued, announced by the senders as backlog, and the one in the
+        subtask's hand (lock held)."""
+        n = int(in_hand)
+        for ch in self.channels:
+            n += ch.backlog + sum(1 for item in ch.items if item[0] == BUFFER)
+        return n
+
+    def debloat(self, now: float, in_hand: bool) -> int | None:
+        """Every debloating period (called from the subtask loop): recompute the buffer size and announce it to
+        every sender when it changed enough; returns the size announced, if any."""
+        debloater = self.debloater
+        if debloater is None or not debloater.due(now):
+            return None
+        with self.mailbox.lock:
+            size = debloater.recalculate(now, self.buffers_in_use(in_hand))
+            if size is None:
+                return None
+            for ch in self.channels:
+                if ch.sock is not None and not ch.ended and not self.closed:
+                    try:
+                        wire.send(ch.sock, wire.BUFFER_SIZE, size)
+                    except OSError as e:
+                        ch.error = e
+        return size
 
     def block(self, index: int) -> None:
         self.channels[index].blocked = True

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from spark_plugin.network import wire
 from spark_plugin.network.barrier import CheckpointBarrier
+from spark_plugin.network.config import BACKLOG
 from spark_plugin.network.mailbox import Mailbox
 from spark_plugin.plan.topology import ChannelInfo
 
@@ -24,7 +25,9 @@ class OutputChannel:
 
     The subtask loop appends finished buffers and barriers; a sender thread sends a buffer only when the
     receiver granted credit, sends events without credit, and sends priority events before everything queued.
-    ``is_available`` is False while the queue holds ``max_buffers`` buffers: that is backpressure.
+    ``is_available`` is False once the queue holds as many buffers as the credit plus a backlog of ``BACKLOG``
+    (never more than ``max_buffers``): that is backpressure. A buffer queued beyond that would only wait here and be
+    persisted by every unaligned checkpoint; a credit arriving wakes the subtask loop to produce the next one.
     """
 
     def __init__(
@@ -49,13 +52,22 @@ class OutputChannel:
         self.sent_buffers = 0
         self.finished = False
         self.sent_bytes = 0
+        self.buffer_size: int | None = None
+        """The buffer size the receiver announced (buffer debloating); None: the configured size."""
+        self.on_buffer_size: Callable[[int], None] | None = None
+        """Called with an announced size (lock held): the record writer cuts this channel's buffers at it."""
         self._on_barrier_sent = on_barrier_sent
         self._threads: list[threading.Thread] = []
 
     # ---------------------------------------------------------------- called by the subtask loop (lock held)
 
     def is_available(self) -> bool:
-        return self.buffers < self.max_buffers
+        """Whether the loop may produce another buffer for this channel: fewer queued than credit + backlog."""
+        return self.buffers < min(self.max_buffers, self.credit + BACKLOG)
+
+    def can_send(self) -> bool:
+        """Whether one more buffer would be sent at once: a partly filled buffer is flushed only then."""
+        return self.credit > self.buffers
 
     def add_buffer(self, data: bytes, records: int) -> None:
         self.queue.append((_BUF, data, records))
@@ -180,6 +192,12 @@ class OutputChannel:
                     with self.cond:
                         self.credit += aux
                         self.cond.notify_all()
+                        self.mailbox.signal_locked()  # room for another buffer: the loop may produce again
+                elif kind == wire.BUFFER_SIZE:
+                    with self.cond:
+                        self.buffer_size = aux
+                        if self.on_buffer_size is not None:
+                            self.on_buffer_size(aux)
         except (OSError, EOFError) as e:
             self._fail(e)
 

@@ -65,16 +65,23 @@ class OutputPartition:
     # ---------------------------------------------------------------- records
 
     def available(self) -> bool:
-        """Whether every channel has room for another buffer (False: backpressure)."""
+        """Whether every channel may take another buffer: fewer queued than its credit plus the backlog (False:
+        backpressure)."""
         for ch in self.channels:
-            if ch.buffers >= ch.max_buffers:
+            if not ch.is_available():
                 return False
         return True
 
     def flush(self) -> None:
-        """Send every partly filled buffer (on the flush interval, when idle, and before a barrier)."""
+        """Send every partly filled buffer (before a barrier and at the end)."""
         for w in self.writers:
             w.flush_all()
+
+    def flush_sendable(self) -> None:
+        """Send the partly filled buffers that their channels would send at once (on the flush interval, when
+        idle); the others keep filling until a credit comes."""
+        for w in self.writers:
+            w.flush_sendable()
 
     def broadcast_element(self, element: Any) -> None:
         """Send a watermark or status marker on every channel of every edge, in band behind the records so far."""

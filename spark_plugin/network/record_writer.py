@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from contract.keygroups import key_group
@@ -16,6 +17,7 @@ class RecordWriter:
 
     Writing never blocks: the subtask loop stops taking input while an output channel is unavailable, and the
     records of the record in hand may overdraw the queue (Flink's overdraft buffers) so a barrier never waits.
+    A channel's buffers are cut at the size its receiver announced (buffer debloating), at most ``buffer_size``.
     """
 
     def __init__(
@@ -30,6 +32,8 @@ class RecordWriter:
     ) -> None:
         self.channels = channels
         self.builders = [BufferBuilder(buffer_size) for _ in channels]
+        for ch, builder in zip(channels, self.builders, strict=True):
+            ch.on_buffer_size = partial(_resize, builder, buffer_size)
         self.mailbox = mailbox
         self.bytes_out = 0
         self.partitioning = partitioning
@@ -96,10 +100,22 @@ class RecordWriter:
             self.channels[i].add_buffer(data, records)
 
     def flush_all(self) -> None:
-        """Send every partly filled buffer (on the flush interval, when idle, and before a barrier)."""
+        """Send every partly filled buffer (before a barrier, at the end, after restored records)."""
         for i, b in enumerate(self.builders):
             if b.records:
                 self._flush(i)
+
+    def flush_sendable(self) -> None:
+        """Send the partly filled buffers of the channels that would send them at once (on the flush interval and
+        when idle): on a channel without credit the buffer keeps filling instead of waiting in the queue."""
+        for i, b in enumerate(self.builders):
+            if b.records and self.channels[i].can_send():
+                self._flush(i)
+
+
+def _resize(builder: BufferBuilder, most: int, size: int) -> None:
+    """Cut the builder's buffers at ``size`` from its next record on (never above the configured ``most``)."""
+    builder.capacity = min(most, size)
 
 
 def fan_out(writers: list[RecordWriter]) -> Callable[[Any], None]:

@@ -15,6 +15,7 @@ PRIORITY = 4  # sender -> receiver: priority event (JSON) that overtook queued b
 CREDIT = 5  # receiver -> sender: aux = number of new credits
 END = 6  # sender -> receiver: end of partition, nothing follows
 RECOVERY_END = 7  # sender -> receiver: the restored output channel state was sent; new output follows
+BUFFER_SIZE = 8  # receiver -> sender: aux = the size to cut buffers at from now on (buffer debloating)
 
 
 class ConnectionClosed(EOFError):

@@ -27,6 +27,7 @@ from contract.events import (
 from contract.keygroups import key_group_range
 from spark_plugin.network.barrier import CheckpointBarrier
 from spark_plugin.network.config import NetworkConfig
+from spark_plugin.network.debloat import BufferDebloater
 from spark_plugin.network.elements import MARKERS
 from spark_plugin.network.framing import BufferReader
 from spark_plugin.network.input import BARRIER, DATA, END, RECOVERED, InputGate
@@ -109,6 +110,7 @@ class Subtask:
         self.gate = InputGate(
             [c.info for c in spec.inputs], net.exclusive_buffers_per_channel, net.floating_buffers_per_gate,
             self.mailbox, self.writer,
+            debloater=BufferDebloater(net, time.monotonic()) if net.debloating and spec.inputs else None,
         )
         self.partition = OutputPartition(spec.outputs, key_fns, net, self.mailbox, self.writer, spec.subtask_index)
         chain.open(spec.subtask_index, spec.parallelism, spec.max_parallelism)
@@ -182,13 +184,15 @@ class Subtask:
                 break
             self._check_failures()
             if not self._step():
-                self.partition.flush()
+                self.partition.flush_sendable()
                 with self.lock:
                     if not (self.events.queue or self.gate.priority):
                         waited = time.monotonic()
                         self.mailbox.wait(self._next_wakeup())
                         if self.output_full:
                             self.live.blocked(time.monotonic() - waited)
+                        elif self.gate.debloater is not None:
+                            self.gate.debloater.add_idle(time.monotonic() - waited)
         return SubtaskResult(
             vertex=self.spec.vertex,
             subtask_index=self.spec.subtask_index,
@@ -319,13 +323,17 @@ class Subtask:
         self.live.tick(self.records_in, self.bytes_in, self.partition.bytes_out)
         mono = time.monotonic()
         if mono >= self._next_flush:
-            self.partition.flush()
+            self.partition.flush_sendable()
             self._next_flush = mono + self.network.flush_interval
+        if self.gate.debloater is not None:
+            self.gate.debloat(mono, self.current is not None and not self.current_recovered)
 
     def _next_wakeup(self) -> float:
         """Seconds until the loop must look again even if nothing signals it."""
         now = time.time()
         t = self._next_flush - time.monotonic()
+        if self.gate.debloater is not None:
+            t = min(t, self.gate.debloater.next_at - time.monotonic())
         for deadline_ms in (self.handler.deadline(), self.checkpoints.next_deadline(), self.gate.next_deadline,
                             self.event_time.next_wakeup_ms()):
             if deadline_ms is not None:
