@@ -421,6 +421,7 @@ class Subtask:
 
     def _completed(self, completed: CheckpointCompleted) -> None:
         cid = completed.checkpoint_id
+        self.writer.completed(cid)
         self.chain.notify_checkpoint_complete(cid)
         if self.reader is not None and self.reader.completed(cid):
             self._end_output()
