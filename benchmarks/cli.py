@@ -11,6 +11,8 @@ Scenarios (default: all):
                    (its own report: timers.md; benchmarks/timers.py)
   state         7. state straight into the store against through the coordinator (state.md)
   adaptive      9. the adaptive policy against the fixed ones when backpressure comes and goes (adaptive.md)
+  incremental  11. bytes written per checkpoint under sustained backpressure, incremental channel state off and on
+                   (incremental.md; benchmarks/incremental.py)
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ SCENARIOS = {
     "timers": "6. checkpoints while timers fire",
     "state": "7. state straight into the store vs. through the coordinator",
     "adaptive": "9. the adaptive policy when backpressure comes and goes",
+    "incremental": "11. incremental channel state under sustained backpressure",
 }
 _ALIASES = {"1": "checkpoints", "2": "throughput-bp", "3": "throughput", "4": "disk", "5": "acks", "6": "timers",
-            "7": "state", "9": "adaptive"}
+            "7": "state", "9": "adaptive", "11": "incremental"}
 
 
 class BenchUsageError(ValueError):
@@ -127,6 +130,15 @@ def _adaptive_settings(args: BenchArgs) -> Any:
     return w
 
 
+def _incremental_settings(args: BenchArgs) -> Any:
+    from benchmarks.incremental import IncrementalSettings
+
+    w = IncrementalSettings.quick() if args.quick else IncrementalSettings()
+    if args.seconds:
+        w.seconds = args.seconds
+    return w
+
+
 def _adaptive_tasks(args: BenchArgs) -> int:
     if "adaptive" not in args.chosen:
         return 0
@@ -169,14 +181,16 @@ def main(args: BenchArgs) -> int:
     t0 = time.monotonic()
     load0 = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     chosen = args.chosen
-    need_spark = any(c in chosen for c in ("checkpoints", "throughput-bp", "throughput", "state", "adaptive"))
+    need_spark = any(
+        c in chosen for c in ("checkpoints", "throughput-bp", "throughput", "state", "adaptive", "incremental")
+    )
     runs_1 = [(p, d) for d in s.depths for p in s.policies] if "checkpoints" in chosen else []
     if "throughput-bp" in chosen and not runs_1:
         runs_1 = [(p, min(s.depths)) for p in s.policies]
     steps = len(runs_1) + (1 if "throughput-bp" in chosen else 0)
     steps += 2 * s.no_backpressure_repeats if "throughput" in chosen else 0
     steps += ("disk" in chosen) + ("acks" in chosen) + ("timers" in chosen) + ("state" in chosen)
-    steps += ("adaptive" in chosen)
+    steps += ("adaptive" in chosen) + ("incremental" in chosen)
     steps += 2 if need_spark else 0
     steps += len(s.depths) if "checkpoints" in chosen else 0
 
@@ -270,6 +284,15 @@ def main(args: BenchArgs) -> int:
                 machine = ", ".join(f"{k}: {v}" for k, v in results.machine.items())
                 adaptive.write(runs, w, out, results.command, machine)
                 done(f"adaptive: {adaptive.summary(runs)}; report in {out / 'adaptive.md'}")
+            if "incremental" in chosen:
+                from benchmarks import incremental
+
+                status("", SCENARIOS["incremental"])
+                iw = _incremental_settings(args)
+                runs = incremental.measure(runner, iw, status)
+                machine = ", ".join(f"{k}: {v}" for k, v in results.machine.items())
+                incremental.write(runs, iw, out, results.command, machine)
+                done(f"incremental: {incremental.summary(runs)}; report in {out / 'incremental.md'}")
             if coordinator is not None:
                 coordinator.stop()
                 coordinator = None

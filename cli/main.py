@@ -440,6 +440,7 @@ class Scenario(str, Enum):
     timers = "timers"
     state = "state"
     adaptive = "adaptive"
+    incremental = "incremental"
 
 
 @app.command()
@@ -451,7 +452,9 @@ def bench(
             "throughput-bp (2. throughput under backpressure), throughput (3. without backpressure), disk "
             "(4. channel-state write bandwidth), acks (5. coordinator ack throughput), timers (6. checkpoints while "
             "event-time timers fire), state (7. state straight into the blob store against state through the "
-            "coordinator), adaptive (9. the adaptive policy against the fixed ones when backpressure comes and goes).",
+            "coordinator), adaptive (9. the adaptive policy against the fixed ones when backpressure comes and goes), "
+            "incremental (11. bytes written per checkpoint under sustained backpressure, incremental channel state "
+            "off and on).",
             show_default=False,
         ),
     ] = None,
@@ -463,7 +466,8 @@ def bench(
     ] = None,
     seconds: Annotated[
         float | None,
-        typer.Option(help="Length of each backpressured run (scenarios 1-2), timers run (6) and policy run (9).", min=1,
+        typer.Option(help="Length of each backpressured run (scenarios 1-2), timers run (6), policy run (9) and "
+                     "incremental run (11).", min=1,
                      show_default=False),
     ] = None,
     depths: Annotated[
