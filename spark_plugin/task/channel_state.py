@@ -81,9 +81,9 @@ class ChannelStateResult:
         return _layout(self.checkpoint_id, self.recorded, {}) if self.incremental else self
 
 
-def _layout(checkpoint_id: int, recorded: dict[tuple[str, str], _Segment], base: dict[int, Placement]) -> (
-    ChannelStateResult
-):
+def _layout(
+    checkpoint_id: int, recorded: dict[tuple[str, str], _Segment], base: dict[int, Placement]
+) -> ChannelStateResult:
     """Lay the segments out in one blob (inputs then outputs, channels by name); a buffer found in ``base`` is
     referenced where it lies instead of written again."""
     out: list[bytes] = []
@@ -186,6 +186,8 @@ class ChannelStateWriter:
     def abort(self, checkpoint_id: int) -> None:
         """Drop everything collected for the checkpoint; later additions are ignored."""
         self._recordings.pop(checkpoint_id, None)
+        with self._lock:
+            self._written.pop(checkpoint_id, None)
 
     def is_recording(self, checkpoint_id: int) -> bool:
         return checkpoint_id in self._recordings
