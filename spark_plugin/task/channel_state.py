@@ -146,6 +146,9 @@ class ChannelStateWriter:
         self._base: dict[int, Placement] = {}
         """The latest completed checkpoint's placements, by the buffer's identity: what a checkpoint may reference."""
         self._base_checkpoint: int | None = None
+        self.references_taken = False
+        """Set once a trigger's write target takes references (the job asks for incremental channel state): only
+        then do finished checkpoints keep their buffers until their object is written."""
 
     def start(self, checkpoint_id: int) -> None:
         if checkpoint_id in self._recordings:

@@ -197,6 +197,10 @@ class CheckpointController:
         """Whether a checkpoint's channel state is still being collected."""
         return bool(self.pending)
 
+    def _on_written(self, cid: int, result: ChannelStateResult) -> Callable[[str, bool], None]:
+        """Once the checkpoint's object is written, the writer learns where its buffers lie."""
+        return lambda key, whole: self.writer.written(cid, key, result.whole() if whole else result)
+
     def hand_over_ready(self) -> None:
         """Every checkpoint whose channel state is complete goes to the ack worker, oldest first."""
         with self.lock:
@@ -229,8 +233,6 @@ class CheckpointController:
                     key_group_range=self.key_group_range,
                     metrics=metrics,
                     whole=(lambda result=result: _whole(result.whole())) if result.incremental else None,
-                    on_written=lambda key, whole, cid=cid, result=result: self.writer.written(
-                        cid, key, result.whole() if whole else result
-                    ),
+                    on_written=self._on_written(cid, result) if self.writer.references_taken else None,
                 )
             )
