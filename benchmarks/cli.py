@@ -15,6 +15,8 @@ Scenarios (default: all):
                    buffers against buffer debloating to 1 s and 0.1 s, depths 1 and 2 (inflight.md, and a section
                    of report.md; benchmarks/inflight.py)
   adaptive      9. the adaptive policy against the fixed ones when backpressure comes and goes (adaptive.md)
+  incremental  11. bytes written per checkpoint under sustained backpressure, incremental channel state off and on
+                   (incremental.md; benchmarks/incremental.py)
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ SCENARIOS = {
     "state": "7. state straight into the store vs. through the coordinator",
     "inflight": "8. in-flight bytes and recovery: fixed buffers vs. debloating",
     "adaptive": "9. the adaptive policy when backpressure comes and goes",
+    "incremental": "11. incremental channel state under sustained backpressure",
 }
 _ALIASES = {"1": "checkpoints", "2": "throughput-bp", "3": "throughput", "4": "disk", "5": "acks", "6": "timers",
-            "7": "state", "8": "inflight", "9": "adaptive"}
+            "7": "state", "8": "inflight", "9": "adaptive", "11": "incremental"}
 
 
 class BenchUsageError(ValueError):
@@ -143,6 +146,15 @@ def _adaptive_settings(args: BenchArgs) -> Any:
     return w
 
 
+def _incremental_settings(args: BenchArgs) -> Any:
+    from benchmarks.incremental import IncrementalSettings
+
+    w = IncrementalSettings.quick() if args.quick else IncrementalSettings()
+    if args.seconds:
+        w.seconds = args.seconds
+    return w
+
+
 def _adaptive_tasks(args: BenchArgs) -> int:
     if "adaptive" not in args.chosen:
         return 0
@@ -186,7 +198,7 @@ def main(args: BenchArgs) -> int:
     load0 = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     chosen = args.chosen
     need_spark = any(c in chosen for c in ("checkpoints", "throughput-bp", "throughput", "state", "inflight",
-                                           "adaptive"))
+                                           "adaptive", "incremental"))
     inflight_settings = inflight_settings_from(args)
     spark_tasks = max(spark_tasks_needed(s), inflight_settings.spark_tasks() if "inflight" in chosen else 0,
                       _adaptive_tasks(args))
@@ -200,7 +212,7 @@ def main(args: BenchArgs) -> int:
         from benchmarks import inflight
 
         steps += len(inflight_settings.depths) * len(inflight.sizings())
-    steps += ("adaptive" in chosen)
+    steps += ("adaptive" in chosen) + ("incremental" in chosen)
     steps += 2 if need_spark else 0
     steps += len(s.depths) if "checkpoints" in chosen else 0
 
@@ -309,6 +321,15 @@ def main(args: BenchArgs) -> int:
                 machine = ", ".join(f"{k}: {v}" for k, v in results.machine.items())
                 adaptive.write(runs, w, out, results.command, machine)
                 done(f"adaptive: {adaptive.summary(runs)}; report in {out / 'adaptive.md'}")
+            if "incremental" in chosen:
+                from benchmarks import incremental
+
+                status("", SCENARIOS["incremental"])
+                iw = _incremental_settings(args)
+                runs = incremental.measure(runner, iw, status)
+                machine = ", ".join(f"{k}: {v}" for k, v in results.machine.items())
+                incremental.write(runs, iw, out, results.command, machine)
+                done(f"incremental: {incremental.summary(runs)}; report in {out / 'incremental.md'}")
             if coordinator is not None:
                 coordinator.stop()
                 coordinator = None

@@ -268,7 +268,8 @@ class Runner:
 
     def run(self, scenario: str, label: str, pipeline_factory: Callable[[str], Pipeline], last_vertex: str,
             policy: str | None, depth: int, seconds: float, network: NetworkConfig | None = None,
-            interval_ms: int | None = None, alignment_timeout_ms: int | None = None) -> RunStats:
+            interval_ms: int | None = None, alignment_timeout_ms: int | None = None,
+            incremental: bool = False) -> RunStats:
         from client.sync import OvertakeClient
         from contract.models import CheckpointConfig
 
@@ -283,6 +284,7 @@ class Runner:
                 interval=interval_ms or self.s.interval_ms, policy=policy, retained=2,
                 timeout=int(max(600_000, seconds * 4000)),
                 alignment_timeout=timeout if policy in ("aligned_then_unaligned", "adaptive") else None,
+                incremental_channel_state=incremental,
             )
         outcome: dict[str, Any] = {}
 

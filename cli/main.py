@@ -447,6 +447,7 @@ class Scenario(str, Enum):
     state = "state"
     inflight = "inflight"
     adaptive = "adaptive"
+    incremental = "incremental"
 
 
 @app.command()
@@ -460,7 +461,8 @@ def bench(
             "event-time timers fire), state (7. state straight into the blob store against state through the "
             "coordinator), inflight (8. persisted in-flight bytes per unaligned checkpoint and recovery time, "
             "fixed buffers against buffer debloating to 1 s and 0.1 s), adaptive (9. the adaptive policy against "
-            "the fixed ones when backpressure comes and goes).",
+            "the fixed ones when backpressure comes and goes), incremental (11. bytes written per checkpoint under "
+            "sustained backpressure, incremental channel state off and on).",
             show_default=False,
         ),
     ] = None,
@@ -472,7 +474,8 @@ def bench(
     ] = None,
     seconds: Annotated[
         float | None,
-        typer.Option(help="Length of each backpressured run (scenarios 1-2), timers run (6) and policy run (9).", min=1,
+        typer.Option(help="Length of each backpressured run (scenarios 1-2), timers run (6), policy run (9) and "
+                     "incremental run (11).", min=1,
                      show_default=False),
     ] = None,
     depths: Annotated[

@@ -144,6 +144,12 @@ class CheckpointConfig(_Model):
         description="Completed checkpoints kept (savepoints are never collected).",
         **_range(*CONFIG_RANGES["retained"][:2]),
     )
+    incremental_channel_state: bool = Field(
+        default=False,
+        description="Unaligned checkpoints reference in-flight buffers that the previous completed checkpoint "
+        "already persisted instead of writing them again (state written straight into the blob store only; "
+        "savepoints always write everything).",
+    )
 
     @field_validator(*CONFIG_RANGES, mode="after")
     @classmethod
@@ -300,8 +306,38 @@ class RunningState(_Model):
     all_running_at: int | None = Field(description="When the last subtask reported running (null: not yet).")
 
 
+STATE_KEY_PATTERN = r"^job-[0-9]{1,19}/cp-[0-9]{12,19}/[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,199}$"
+"""Keys of objects subtasks write: under their job's and checkpoint's prefix (``job-7/cp-000000000012/``, the
+checkpoint id zero-padded to at least 12 digits), a name of letters, digits, '_', '.', '-' that does not start with
+a dot (so never '.' or '..')."""
+
+
+class SegmentPart(_Model):
+    """A run of whole buffers of a segment: in the ack's own channel state, or in the channel state of an object an
+    earlier completed checkpoint of the same job wrote (incremental channel state: a buffer still in flight is
+    referenced, not written again)."""
+
+    key: str | None = Field(
+        default=None,
+        pattern=STATE_KEY_PATTERN,
+        description="An object of an earlier checkpoint of the same job whose channel state holds these bytes; "
+        "null: this ack's own channel state.",
+    )
+    offset: int = Field(ge=0, le=MAX_FIGURE, description="Where the bytes start in that object's channel state.")
+    length: int = Field(ge=1, le=MAX_FIGURE)
+    blob_id: str | None = Field(
+        default=None,
+        description="Restore plans only: the blob holding the part (its location is in the plan's blobs); the "
+        "coordinator fills it in.",
+    )
+
+
 class ChannelSegment(_Model):
-    """One channel's bytes inside a subtask's channel-state blob."""
+    """One channel's bytes inside a subtask's channel-state blob.
+
+    With ``parts`` the segment's bytes are its parts' bytes in order (``length`` is their total and ``offset`` the
+    first own part's offset, 0 if none); without, they are ``length`` bytes at ``offset`` of the own channel state.
+    """
 
     channel: str = Field(
         max_length=512, description="Channel name, e.g. 'in:map[0]->reduce[1]' or 'out:map[0]->reduce[1]'."
@@ -314,18 +350,37 @@ class ChannelSegment(_Model):
     peer_vertex: str | None = Field(default=None, max_length=128)
     peer_subtask: int | None = Field(default=None, ge=0, lt=MAX_PARALLELISM)
     partitioning: Partitioning | None = None
+    parts: list[SegmentPart] | None = Field(
+        default=None,
+        max_length=100_000,
+        description="Incremental channel state: the segment's bytes as runs of this ack's own channel state and of "
+        "earlier objects of the job; null: the segment is one run at offset.",
+    )
+
+    @model_validator(mode="after")
+    def _parts_add_up(self) -> ChannelSegment:
+        if self.parts is not None and sum(p.length for p in self.parts) != self.length:
+            raise ValueError(
+                f"segment of channel {self.channel!r}: its parts hold {sum(p.length for p in self.parts)} bytes, "
+                f"its length says {self.length}"
+            )
+        return self
+
+    def own_runs(self) -> list[tuple[int, int]]:
+        """``(offset, length)`` of each run of the segment in its own ack's channel state."""
+        if self.parts is None:
+            return [(self.offset, self.length)]
+        return [(p.offset, p.length) for p in self.parts if p.key is None]
+
+    def references(self) -> list[SegmentPart]:
+        """The parts that lie in earlier objects."""
+        return [p for p in self.parts or [] if p.key is not None]
 
 
 class BlobRef(_Model):
     blob_id: str = Field(pattern=r"^[0-9a-f]{32}$", description="A blob id the coordinator issued.")
     sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$")
     size: int = Field(ge=0, le=MAX_FIGURE)
-
-
-STATE_KEY_PATTERN = r"^job-[0-9]{1,19}/cp-[0-9]{12,19}/[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,199}$"
-"""Keys of objects subtasks write: under their job's and checkpoint's prefix (``job-7/cp-000000000012/``, the
-checkpoint id zero-padded to at least 12 digits), a name of letters, digits, '_', '.', '-' that does not start with
-a dot (so never '.' or '..')."""
 
 
 def state_prefix(job_id: int, checkpoint_id: int) -> str:
@@ -361,6 +416,11 @@ class WriteTarget(_Model):
     )
     expires_at: int | None = Field(
         default=None, description="When the grant ends (ms since the epoch): the checkpoint's timeout."
+    )
+    incremental: bool = Field(
+        default=False,
+        description="Channel segments may reference ranges of objects earlier completed checkpoints of the job "
+        "wrote (SegmentPart.key) instead of writing those buffers again (checkpoint.incremental_channel_state).",
     )
 
 
@@ -431,7 +491,10 @@ class RestoreState(_Model):
 
 
 class RestoreSegment(ChannelSegment):
-    blob_id: str
+    blob_id: str | None = Field(
+        description="The blob of the subtask's own channel state; null when every part of the segment lies in "
+        "blobs of earlier checkpoints (each part names its blob)."
+    )
     from_subtask: int
     key_group_start: int | None = Field(
         default=None, description="Hash edges: the first key group of the subtask that persisted the segment."
@@ -633,15 +696,17 @@ class AckMetrics(_Model):
 
 
 def _check_segments(segments: list[ChannelSegment], channel_size: int | None) -> None:
-    if segments and channel_size is None:
+    if channel_size is None and any(s.parts is None for s in segments):
         raise ValueError("channel_segments given without channel state")
-    if channel_size is not None:
-        for s in segments:
-            if s.offset + s.length > channel_size:
+    for s in segments:
+        for offset, length in s.own_runs():
+            if length and (channel_size is None or offset + length > channel_size):
                 raise ValueError(
-                    f"segment of channel {s.channel!r} ends at {s.offset + s.length}, "
-                    f"past the channel state's size {channel_size}"
+                    f"segment of channel {s.channel!r} ends at {offset + length}, "
+                    f"past the channel state's size {channel_size or 0}"
                 )
+        if any(p.blob_id is not None for p in s.parts or []):
+            raise ValueError(f"segment of channel {s.channel!r}: blob_id of a part is the coordinator's to fill in")
 
 
 class _AckFields(_Model):
@@ -816,7 +881,10 @@ class CheckpointDetail(Checkpoint):
 class ChannelStateEntry(_Model):
     vertex: str
     subtask_index: int
-    blob_id: str
+    blob_id: str | None = Field(
+        description="The subtask's channel-state blob; null when its segments only reference earlier checkpoints' "
+        "blobs (incremental channel state)."
+    )
     segments: list[ChannelSegment]
 
 

@@ -276,13 +276,23 @@ async def preview_channel_segment(
     if segment is None:
         names = ", ".join(f"{g.direction} {g.channel}" for g in entry.segments) or "none"
         raise NotFound(f"{vertex}[{subtask_index}] has no {direction} segment {channel!r} (it has: {names})")
-    row = await blobs.open_blob(ctx, job_id, entry.blob_id)
-    key, base = blobs.object_of(row)
     length = min(segment.length, max_bytes)
-    data = b""
-    if length:
-        chunks = ctx.store.read_range(key, base + segment.offset, base + segment.offset + length - 1)
-        data = b"".join([c async for c in chunks])
+    # the segment's runs: one in the entry's own blob, or (incremental channel state) its parts, some of them in
+    # blobs earlier checkpoints wrote
+    runs = [(p.blob_id or entry.blob_id, p.offset, p.length) for p in segment.parts or []]
+    runs = runs or [(entry.blob_id, segment.offset, segment.length)]
+    pieces: list[bytes] = []
+    left = length
+    for blob_id, offset, size in runs:
+        if left <= 0:
+            break
+        row = await blobs.open_blob(ctx, job_id, blob_id)
+        key, base = blobs.object_of(row)
+        n = min(size, left)
+        chunks = ctx.store.read_range(key, base + offset, base + offset + n - 1)
+        pieces.append(b"".join([c async for c in chunks]))
+        left -= n
+    data = b"".join(pieces)
     records, truncated = await asyncio.to_thread(decode_segment, data, length == segment.length, max_records)
     return SegmentPreview(
         job_id=job_id,

@@ -132,7 +132,8 @@ class CheckpointRow(Base):
     # What the adaptive policy chose for it and why (contract.models.PolicyDecision).
     decision: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     # What is left to clean under the checkpoint's prefix in the blob store, and from when: "prefix" (everything:
-    # aborted or discarded) or "unreferenced" (objects no ack names: completed). See app/domain/cleanup.py.
+    # aborted or discarded), "unreferenced" (objects no ack names: completed) or "held" (discarded, but a later
+    # checkpoint's channel state references its objects: kept until nothing does). See app/domain/cleanup.py.
     cleanup: Mapped[str | None] = mapped_column(String(16), nullable=True)
     cleanup_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True, index=True)
 
@@ -194,6 +195,26 @@ class BlobRow(Base):
     offset: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # Why a restoring subtask found the blob corrupt (its report); a restore plan passes its checkpoint over.
     corrupt: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class ChannelStateRefRow(Base):
+    """An ack's channel state references an object an earlier checkpoint of the same job wrote (incremental channel
+    state): while the referencing checkpoint is not released, the referenced checkpoint's prefix is kept."""
+
+    __tablename__ = "channel_state_refs"
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["job_id", "checkpoint_id"], ["checkpoints.job_id", "checkpoints.id"], ondelete="CASCADE"
+        ),
+        Index("ix_channel_state_refs_job_id_ref_checkpoint_id", "job_id", "ref_checkpoint_id"),
+    )
+
+    job_id: Mapped[int] = mapped_column(JobId, primary_key=True)
+    checkpoint_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    vertex: Mapped[str] = mapped_column(String(128), primary_key=True)
+    subtask_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(300), primary_key=True)
+    ref_checkpoint_id: Mapped[int] = mapped_column(BigInteger)
 
 
 class EventRow(Base):

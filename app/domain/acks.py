@@ -15,12 +15,12 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from sqlalchemy import BigInteger, Boolean, Integer, bindparam, case, select, tuple_, update
+from sqlalchemy import BigInteger, Boolean, Integer, bindparam, case, insert, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db.models import AckRow, BlobRow, CheckpointRow, JobRow
+from app.db.models import AckRow, BlobRow, ChannelStateRefRow, CheckpointRow, JobRow
 from app.db.session import TransientDatabaseError
 from app.domain import lifecycle, written
 from app.domain.checkpoints import check_parallelism, complete_checkpoint, get_checkpoint_or_404
@@ -283,6 +283,9 @@ class AckCommitter(BackgroundWorker):
             blobs = {
                 b.id: b for b in (await s.execute(select(BlobRow).where(BlobRow.id.in_(blob_ids)))).scalars()
             }
+        referenced: dict[str, tuple[BlobRow, str]] = {}
+        if status == PENDING:
+            referenced = await written.referenced_blobs(s, job_id, [it.ack for it in items])
         now = now_ms()
         candidates: dict[tuple[str, int], tuple[_Item, dict]] = {}
         repeats: list[_Item] = []  # a second ack for a subtask within this batch
@@ -300,12 +303,16 @@ class AckCommitter(BackgroundWorker):
                     if it.missing is not None:
                         raise it.missing
                     self._check_blobs(job_id, cp_id, a, blobs)
+                    written.check_references(job_id, cp_id, a, referenced)
                 else:
                     belongs_to_attempt(a.attempt, attempt, f"checkpoint {cp_id}", "this ack")
             except DomainError as exc:
                 it.result = exc
                 continue
-            candidates[key] = (it, _row(job_id, cp_id, a, it.digest, now))
+            row = _row(job_id, cp_id, a, it.digest, now)
+            if referenced:
+                row["segments"] = written.segments_with_blob_ids(row["segments"], referenced)
+            candidates[key] = (it, row)
         inserted: set[tuple[str, int]] = set()
         if candidates and status == PENDING:
             result = await conn.execute(self._insert_acks, [row for _, row in candidates.values()])
@@ -395,6 +402,9 @@ class AckCommitter(BackgroundWorker):
             if it.ack.written is not None
             for b in written.blob_rows(job_id, cp_id, it.ack, row["operator_blob_id"], row["channel_blob_id"], now)
         ]
+        refs = [r for it, _ in recorded for r in written.reference_rows(job_id, cp_id, it.ack)]
+        if refs:
+            await conn.execute(insert(ChannelStateRefRow.__table__), refs)
         if not rows:
             return
         stored = {r[0] for r in await conn.execute(self._insert_blobs, rows)}

@@ -173,6 +173,8 @@ async def trigger(
     job.updated_at = now
     s.add(cp)
     target = await targets(job.id, cp.id, cp.timeout_at) if targets is not None else None
+    if target is not None and not savepoint and cfg.incremental_channel_state:
+        target = target.model_copy(update={"incremental": True})
     emit(
         s,
         job,

@@ -10,6 +10,9 @@ A checkpoint's ``cleanup`` says what is left to do under its prefix, ``cleanup_a
 - ``unreferenced``: the checkpoint completed: after its timeout (plus the grace), every object under its prefix
   that no ack names is deleted (a subtask's object written before it crashed, then written again under another
   name; a blob uploaded through the coordinator and never acked).
+- ``held``: the checkpoint was released, but the channel state of a checkpoint not released references objects
+  under its prefix (incremental channel state, ``channel_state_refs``): nothing is deleted, its blobs stay stored,
+  and it is released for good by the release that drops the last such reference.
 
 The sweep (the scheduler's) picks checkpoints whose ``cleanup_at`` has come, oldest first, so a deletion that
 failed (the store was away) is retried. Cleaning is idempotent; two replicas may clean the same prefix.
@@ -23,7 +26,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.blobstore import BlobStore, blob_key, checkpoint_prefix
-from app.db.models import AckRow, BlobRow, CheckpointRow
+from app.db.models import AckRow, BlobRow, ChannelStateRefRow, CheckpointRow
 from app.db.session import Database
 from app.observability import BLOBS_DELETED
 
@@ -31,6 +34,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "prefix"
 UNREFERENCED = "unreferenced"
+HELD = "held"
 RETRY_AFTER_MS = 30_000  # a cleaning that failed is tried again this much later
 
 
@@ -48,6 +52,9 @@ async def release(s: AsyncSession, job_id: int, checkpoint_ids: list[int], now: 
     which happens after the commit (`clean_after_commit`) and, should it fail, in the sweep."""
     if not checkpoint_ids:
         return
+    checkpoint_ids = await _unless_referenced(s, job_id, checkpoint_ids)
+    if not checkpoint_ids:
+        return
     await s.execute(
         update(BlobRow)
         .where(BlobRow.job_id == job_id, BlobRow.checkpoint_id.in_(checkpoint_ids), BlobRow.status == "stored")
@@ -59,6 +66,50 @@ async def release(s: AsyncSession, job_id: int, checkpoint_ids: list[int], now: 
         .values(cleanup=PREFIX, cleanup_at=now)
     )
     clean_after_commit(s, job_id, checkpoint_ids)
+
+
+async def _unless_referenced(s: AsyncSession, job_id: int, checkpoint_ids: list[int]) -> list[int]:
+    """Of the checkpoints being released, those whose prefix may go: the references their own channel state held
+    are dropped (which may free checkpoints held for them alone), and a checkpoint that a checkpoint not released
+    still references is held instead."""
+    refs = ChannelStateRefRow
+    were_referenced = set(
+        (
+            await s.execute(
+                select(refs.ref_checkpoint_id)
+                .where(refs.job_id == job_id, refs.checkpoint_id.in_(checkpoint_ids))
+                .distinct()
+            )
+        ).scalars()
+    )
+    if were_referenced:
+        await s.execute(delete(refs).where(refs.job_id == job_id, refs.checkpoint_id.in_(checkpoint_ids)))
+        freed = (
+            await s.execute(
+                select(CheckpointRow.id).where(
+                    CheckpointRow.job_id == job_id,
+                    CheckpointRow.id.in_(were_referenced),
+                    CheckpointRow.cleanup == HELD,
+                )
+            )
+        ).scalars()
+        checkpoint_ids = sorted(set(checkpoint_ids) | set(freed))
+    held = set(
+        (
+            await s.execute(
+                select(refs.ref_checkpoint_id)
+                .where(refs.job_id == job_id, refs.ref_checkpoint_id.in_(checkpoint_ids))
+                .distinct()
+            )
+        ).scalars()
+    )
+    if held:
+        await s.execute(
+            update(CheckpointRow)
+            .where(CheckpointRow.job_id == job_id, CheckpointRow.id.in_(held))
+            .values(cleanup=HELD, cleanup_at=None)
+        )
+    return [cp for cp in checkpoint_ids if cp not in held]
 
 
 def prune_when_late_writes_are_over(cp: CheckpointRow) -> None:
@@ -84,7 +135,7 @@ class Cleaner:
                     )
                 )
             ).one_or_none()
-            if row is None or row[0] is None:
+            if row is None or row[0] is None or row[0] == HELD:
                 return
             kind, timeout_at = row
             blobs = (

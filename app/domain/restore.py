@@ -83,7 +83,7 @@ async def _verify(ctx: Context, acks: list[AckRow], rows: dict[str, BlobRow]) ->
     """None if every blob of these acks is usable, else what is wrong (the first problem found)."""
     used: list[tuple[str, BlobRow]] = []
     for a in acks:
-        for blob_id in (a.operator_blob_id, a.channel_blob_id):
+        for blob_id in dict.fromkeys((a.operator_blob_id, a.channel_blob_id, *_referenced(a))):
             if not blob_id:
                 continue
             row = rows.get(blob_id)
@@ -148,9 +148,11 @@ async def _locate(ctx: Context, plan: RestorePlan, rows: dict[str, BlobRow]) -> 
             expires_at = now_ms() + expiry * 1000
     for sub in plan.subtasks:
         ids = [st.blob_id for st in sub.operator_state]
-        ids += [seg.blob_id for seg in (*sub.output_channel_state, *sub.input_channel_state)]
+        for seg in (*sub.output_channel_state, *sub.input_channel_state):
+            ids.append(seg.blob_id)
+            ids += [p.blob_id for p in seg.parts or [] if p.blob_id]
         locations = []
-        for blob_id in dict.fromkeys(ids):
+        for blob_id in dict.fromkeys(b for b in ids if b):
             row = rows[blob_id]
             key, offset = object_of(row)
             url = urls.get(key)
@@ -177,7 +179,7 @@ async def build_plan(
                 await s.execute(select(AckRow).where(AckRow.job_id == job.id, AckRow.checkpoint_id == cp.id))
             ).scalars()
         )
-        ids = [b for a in acks for b in (a.operator_blob_id, a.channel_blob_id) if b]
+        ids = [b for a in acks for b in (a.operator_blob_id, a.channel_blob_id, *_referenced(a)) if b]
         rows = {}
         if ids:
             rows = {b.id: b for b in (await s.execute(select(BlobRow).where(BlobRow.id.in_(ids)))).scalars()}
@@ -198,6 +200,11 @@ def _requested(requested: Requested) -> dict:
         "requested_checkpoint": requested if isinstance(requested, int) else None,
         "requested_latest": requested == "latest",
     }
+
+
+def _referenced(a: AckRow) -> list[str]:
+    """The blobs of earlier checkpoints that the ack's channel state references (incremental channel state)."""
+    return [p["blob_id"] for seg in a.segments for p in seg.get("parts") or [] if p.get("blob_id")]
 
 
 def _fresh(job: JobRow) -> list[SubtaskRestore]:

@@ -273,14 +273,12 @@ async def channel_state_manifest(s: AsyncSession, job_id: int, checkpoint_id: in
     acks = (
         await s.execute(
             select(AckRow)
-            .where(
-                AckRow.job_id == job_id,
-                AckRow.checkpoint_id == checkpoint_id,
-                AckRow.channel_blob_id.is_not(None),
-            )
+            .where(AckRow.job_id == job_id, AckRow.checkpoint_id == checkpoint_id)
             .order_by(AckRow.vertex, AckRow.subtask_index)
         )
     ).scalars()
+    # an ack whose segments all reference earlier checkpoints' blobs has no blob of its own
+    acks = [a for a in acks if a.channel_blob_id is not None or a.segments]
     entries = [
         ChannelStateEntry(
             vertex=a.vertex,

@@ -11,12 +11,17 @@ duplicate even when the checkpoint's objects were collected since.
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass
 
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from app.blobstore import checkpoint_prefix, new_blob_id
+from app.db.models import BlobRow, CheckpointRow
 from app.domain.context import Context
 from app.errors import DomainError, Forbidden, Invalid, Unavailable
-from contract.models import SubtaskAck, WrittenState
+from contract.models import CheckpointStatus, SegmentPart, SubtaskAck, WrittenState
 
 STAT_TIMEOUT = 30.0  # seconds an ack waits at most for the store to say whether its object is there
 
@@ -38,6 +43,9 @@ def key_refusal(ctx: Context, job_id: int, cp_id: int, a: SubtaskAck) -> DomainE
     w = a.written
     assert w is not None
     who = f"subtask {a.vertex}[{a.subtask_index}]"
+    refusal = reference_refusal(job_id, cp_id, a)
+    if refusal is not None:
+        return refusal
     if not ctx.direct_writes:
         return Invalid(
             f"{who} acks an object it wrote into the blob store, but this coordinator takes state only through "
@@ -131,3 +139,107 @@ def blob_rows(job_id: int, cp_id: int, a: SubtaskAck, operator_blob_id, channel_
 def blob_ids(w: WrittenState) -> tuple[str | None, str | None]:
     """New blob ids for the parts of a written object that hold state (operator, channel)."""
     return (new_blob_id() if w.operator_size > 0 else None, new_blob_id() if w.channel_size > 0 else None)
+
+
+# ====================================================================================== incremental channel state
+
+_CHECKPOINT_OF_KEY = re.compile(r"^job-([0-9]+)/cp-([0-9]+)/")
+
+
+def _references(a: SubtaskAck) -> list[SegmentPart]:
+    return [p for seg in a.channel_segments for p in seg.references()]
+
+
+def reference_refusal(job_id: int, cp_id: int, a: SubtaskAck) -> DomainError | None:
+    """Why the ack's channel state may never reference the objects it names, or None: only an ack with written
+    state references, and only objects under an earlier checkpoint's prefix of its own job (another job's key is
+    refused outright and never looked up)."""
+    refs = _references(a)
+    if not refs:
+        return None
+    who = f"subtask {a.vertex}[{a.subtask_index}]"
+    for p in refs:
+        m = _CHECKPOINT_OF_KEY.match(p.key or "")
+        if m is None or int(m.group(1)) != job_id:
+            return Forbidden(
+                f"{who}'s channel state references object {p.key!r}, which is not under job {job_id}'s prefix; "
+                "nothing was recorded"
+            )
+        if int(m.group(2)) >= cp_id:
+            return Invalid(
+                f"{who}'s channel state references object {p.key!r}, which is not under an earlier checkpoint's "
+                f"prefix than checkpoint {cp_id}'s; nothing was recorded"
+            )
+    if a.written is None:
+        return Invalid(
+            f"{who}'s channel state references earlier objects ({refs[0].key!r}), which only state written "
+            "straight into the blob store may do; send the buffers themselves; nothing was recorded"
+        )
+    return None
+
+
+async def referenced_blobs(s: AsyncSession, job_id: int, acks: list[SubtaskAck]) -> dict[str, tuple[BlobRow, str]]:
+    """The channel blob of each object the acks' channel state references, with its checkpoint's status (read
+    under the job row lock, so no release runs between this check and the references' insert)."""
+    keys = {p.key for a in acks for p in _references(a)}
+    if not keys:
+        return {}
+    rows = await s.execute(
+        select(BlobRow, CheckpointRow.status)
+        .join(CheckpointRow, (CheckpointRow.job_id == BlobRow.job_id) & (CheckpointRow.id == BlobRow.checkpoint_id))
+        .where(BlobRow.job_id == job_id, BlobRow.kind == "channel", BlobRow.key.in_(keys))
+    )
+    return {b.key: (b, status) for b, status in rows}
+
+
+def check_references(job_id: int, cp_id: int, a: SubtaskAck, found: dict[str, tuple[BlobRow, str]]) -> None:
+    """Every object the ack references holds channel state of a completed checkpoint of the job that is still
+    kept, and every range lies within it; else the ack is refused (422) naming the object."""
+    refusal = reference_refusal(job_id, cp_id, a)
+    if refusal is not None:
+        raise refusal
+    who = f"subtask {a.vertex}[{a.subtask_index}]"
+    for p in _references(a):
+        hit = found.get(p.key)
+        if hit is None:
+            raise Invalid(
+                f"{who}'s channel state references object {p.key}, which holds no channel state this coordinator "
+                f"recorded for job {job_id}; write those buffers again; nothing was recorded"
+            )
+        blob, status = hit
+        if status != CheckpointStatus.completed.value or blob.status != "stored":
+            state = "no longer kept" if status == CheckpointStatus.completed.value else status.lower()
+            raise Invalid(
+                f"{who}'s channel state references object {p.key} of checkpoint {blob.checkpoint_id}, which is "
+                f"{state}; write those buffers again; nothing was recorded"
+            )
+        if p.offset + p.length > blob.size:
+            raise Invalid(
+                f"{who}'s channel state references bytes {p.offset}..{p.offset + p.length - 1} of object {p.key}'s "
+                f"channel state, which has {blob.size} bytes; nothing was recorded"
+            )
+
+
+def segments_with_blob_ids(segments: list[dict], found: dict[str, tuple[BlobRow, str]]) -> list[dict]:
+    """The ack's segments as recorded: each referencing part names the blob that holds it (restore plans)."""
+    for seg in segments:
+        for p in seg.get("parts") or []:
+            if p.get("key") is not None and p["key"] in found:
+                p["blob_id"] = found[p["key"]][0].id
+    return segments
+
+
+def reference_rows(job_id: int, cp_id: int, a: SubtaskAck) -> list[dict]:
+    """One row per earlier object the ack's channel state references: its checkpoint is kept while this one is."""
+    keys = dict.fromkeys(p.key for p in _references(a))
+    return [
+        {
+            "job_id": job_id,
+            "checkpoint_id": cp_id,
+            "vertex": a.vertex,
+            "subtask_index": a.subtask_index,
+            "key": key,
+            "ref_checkpoint_id": int(_CHECKPOINT_OF_KEY.match(key).group(2)),  # type: ignore[union-attr]
+        }
+        for key in keys
+    ]

@@ -6,15 +6,26 @@ data, add output data, finish input, finish output, abort). It is fed by the net
 input channel's persister, output data by the output partition. A checkpoint's channel state is ready once both of
 its sides finished: the input side when every input channel delivered its barrier, the output side when every output
 channel sent it. Then it is laid out as one blob with a segment per channel and direction.
+
+**Incremental channel state.** A buffer's identity is the buffer itself: the network layer hands the writer the
+very ``bytes`` object that sits in a channel's queue, so a buffer still queued at the next checkpoint comes back as
+the same object. Once a checkpoint's object is written (``written``) and the checkpoint completed (``completed``),
+the writer keeps where each of its buffers lies (the object's key, the frame's offset in its channel state) as the
+*base*, holding the buffers themselves so that no identity is reused while it is kept. The next checkpoint's
+segments then name a buffer found in the base as a part that references that range instead of carrying its bytes
+again (``ChannelSegment.parts``). Only the latest completed checkpoint's placements are the base: everything it
+names is kept by the coordinator while that checkpoint is retained. A result can always be laid out whole again
+(``ChannelStateResult.whole``), for uploads through the coordinator and for a reference the coordinator refuses.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from contract.channel_state import FRAME, frame, spans
-from contract.models import ChannelSegment, Partitioning
+from contract.channel_state import FRAME, spans
+from contract.models import ChannelSegment, Partitioning, SegmentPart
 from spark_plugin.network.framing import count_records, decode_records
 from spark_plugin.plan.topology import ChannelInfo
 
@@ -33,18 +44,92 @@ class _Recording:
     output_done: bool = False
 
 
+Placement = tuple[bytes, str | None, int, int]
+"""Where a persisted buffer's frame lies: ``(buffer, key, offset, length)``; key None: the checkpoint's own object
+(offsets count from the start of its channel state)."""
+
+
 @dataclass
 class ChannelStateResult:
-    """A finished checkpoint's channel state: the blob bytes and its segment index."""
+    """A finished checkpoint's channel state: the blob bytes and its segment index.
+
+    ``data`` holds the bytes written for this checkpoint; segments with ``parts`` also name ranges of earlier
+    objects. ``placements`` say where every buffer of the checkpoint lies, for the next checkpoint's references."""
 
     checkpoint_id: int
     data: bytes
     segments: list[ChannelSegment]
     persisted_bytes: int
+    placements: list[Placement] = field(default_factory=list, repr=False)
+    recorded: dict[tuple[str, str], _Segment] = field(default_factory=dict, repr=False)
 
     @property
     def empty(self) -> bool:
         return not self.segments
+
+    @property
+    def referenced_bytes(self) -> int:
+        """Bytes of this checkpoint's channel state that lie in earlier objects."""
+        return sum(p.length for seg in self.segments for p in seg.references())
+
+    @property
+    def incremental(self) -> bool:
+        return any(seg.parts is not None for seg in self.segments)
+
+    def whole(self) -> ChannelStateResult:
+        """The same channel state with every buffer written again (no references)."""
+        return _layout(self.checkpoint_id, self.recorded, {}) if self.incremental else self
+
+
+def _layout(
+    checkpoint_id: int, recorded: dict[tuple[str, str], _Segment], base: dict[int, Placement]
+) -> ChannelStateResult:
+    """Lay the segments out in one blob (inputs then outputs, channels by name); a buffer found in ``base`` is
+    referenced where it lies instead of written again."""
+    out: list[bytes] = []
+    segments: list[ChannelSegment] = []
+    placements: list[Placement] = []
+    offset = 0
+    payload = 0
+    for key in sorted(recorded, key=lambda k: (k[0] != "input", k[1])):
+        seg = recorded[key]
+        start = offset
+        runs: list[list] = []  # [key, offset, length]: consecutive frames that lie together
+        for buf in seg.buffers:
+            size = FRAME.size + len(buf)
+            hit = base.get(id(buf))
+            if hit is not None and hit[0] is buf:
+                where = [hit[1], hit[2], size]
+            else:
+                out.append(FRAME.pack(len(buf)))
+                out.append(buf)
+                where = [None, offset, size]
+                offset += size
+            placements.append((buf, where[0], where[1], size))
+            last = runs[-1] if runs else None
+            if last is not None and last[0] == where[0] and last[1] + last[2] == where[1]:
+                last[2] += size
+            else:
+                runs.append(where)
+        length = sum(r[2] for r in runs)
+        referenced = any(r[0] is not None for r in runs)
+        own = [r for r in runs if r[0] is None]
+        segments.append(
+            ChannelSegment(
+                channel=seg.info.name,
+                direction=seg.info.direction,
+                offset=start if not referenced else (own[0][1] if own else 0),
+                length=length,
+                buffer_count=len(seg.buffers),
+                record_count=seg.records,
+                peer_vertex=seg.info.peer_vertex,
+                peer_subtask=seg.info.peer_subtask,
+                partitioning=Partitioning(seg.info.partitioning) if seg.info.partitioning else None,
+                parts=[SegmentPart(key=r[0], offset=r[1], length=r[2]) for r in runs] if referenced else None,
+            )
+        )
+        payload += length - FRAME.size * len(seg.buffers)
+    return ChannelStateResult(checkpoint_id, b"".join(out), segments, payload, placements, recorded)
 
 
 class ChannelStateWriter:
@@ -56,6 +141,14 @@ class ChannelStateWriter:
 
     def __init__(self) -> None:
         self._recordings: dict[int, _Recording] = {}
+        self._lock = threading.Lock()  # the base and the written placements: the loop and the ack worker
+        self._written: dict[int, dict[int, Placement]] = {}
+        self._base: dict[int, Placement] = {}
+        """The latest completed checkpoint's placements, by the buffer's identity: what a checkpoint may reference."""
+        self._base_checkpoint: int | None = None
+        self.references_taken = False
+        """Set once a trigger's write target takes references (the job asks for incremental channel state): only
+        then do finished checkpoints keep their buffers until their object is written."""
 
     def start(self, checkpoint_id: int) -> None:
         if checkpoint_id in self._recordings:
@@ -96,6 +189,8 @@ class ChannelStateWriter:
     def abort(self, checkpoint_id: int) -> None:
         """Drop everything collected for the checkpoint; later additions are ignored."""
         self._recordings.pop(checkpoint_id, None)
+        with self._lock:
+            self._written.pop(checkpoint_id, None)
 
     def is_recording(self, checkpoint_id: int) -> bool:
         return checkpoint_id in self._recordings
@@ -109,34 +204,38 @@ class ChannelStateWriter:
         return sorted(cid for cid, rec in self._recordings.items() if rec.input_done and rec.output_done)
 
     def take(self, checkpoint_id: int) -> ChannelStateResult:
-        """Lay the checkpoint's segments out in one blob (inputs then outputs, channels by name) and forget them."""
+        """Lay the checkpoint's segments out in one blob (inputs then outputs, channels by name) and forget them;
+        buffers the latest completed checkpoint persisted are referenced where they lie."""
         rec = self._recordings.pop(checkpoint_id, None)
         if rec is None:
             raise RuntimeError(f"no channel state of checkpoint {checkpoint_id} is being written")
-        parts: list[bytes] = []
-        segments: list[ChannelSegment] = []
-        offset = 0
-        payload = 0
-        for key in sorted(rec.segments, key=lambda k: (k[0] != "input", k[1])):
-            seg = rec.segments[key]
-            data = frame(seg.buffers)
-            parts.append(data)
-            segments.append(
-                ChannelSegment(
-                    channel=seg.info.name,
-                    direction=seg.info.direction,
-                    offset=offset,
-                    length=len(data),
-                    buffer_count=len(seg.buffers),
-                    record_count=seg.records,
-                    peer_vertex=seg.info.peer_vertex,
-                    peer_subtask=seg.info.peer_subtask,
-                    partitioning=Partitioning(seg.info.partitioning) if seg.info.partitioning else None,
-                )
-            )
-            offset += len(data)
-            payload += len(data) - FRAME.size * len(seg.buffers)
-        return ChannelStateResult(checkpoint_id, b"".join(parts), segments, payload)
+        with self._lock:
+            base = self._base if self._base_checkpoint is not None and self._base_checkpoint < checkpoint_id else {}
+            return _layout(checkpoint_id, rec.segments, base)
+
+    def written(self, checkpoint_id: int, key: str, result: ChannelStateResult) -> None:
+        """The checkpoint's object was written under ``key`` into a store that takes references: once the
+        checkpoint completes, its buffers may be referenced where they lie (any thread)."""
+        placed = {id(buf): (buf, k if k is not None else key, off, n) for buf, k, off, n in result.placements}
+        with self._lock:
+            if self._base_checkpoint is None or checkpoint_id > self._base_checkpoint:
+                self._written[checkpoint_id] = placed
+
+    def completed(self, checkpoint_id: int) -> None:
+        """The checkpoint completed: its placements become the base (none when this subtask wrote no object that
+        may be referenced for it), older ones are forgotten."""
+        with self._lock:
+            if self._base_checkpoint is not None and checkpoint_id <= self._base_checkpoint:
+                return
+            self._base = self._written.pop(checkpoint_id, {})
+            self._base_checkpoint = checkpoint_id
+            for cid in [c for c in self._written if c < checkpoint_id]:
+                del self._written[cid]
+
+    @property
+    def base_checkpoint(self) -> int | None:
+        """The completed checkpoint whose buffers later checkpoints may reference."""
+        return self._base_checkpoint
 
 
 class ChannelStateReader:

@@ -12,11 +12,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from contract.models import ChannelSegment
 from spark_plugin.network.barrier import CheckpointBarrier
 from spark_plugin.network.input import InputGate
 from spark_plugin.network.partition import OutputPartition
 from spark_plugin.task.chain import OperatorChain
-from spark_plugin.task.channel_state import ChannelStateWriter
+from spark_plugin.task.channel_state import ChannelStateResult, ChannelStateWriter
 from spark_plugin.task.coordination import AckWorker, CheckpointUpload
 
 
@@ -41,6 +42,11 @@ class PendingCheckpoint:
     converted: bool = False
     last_barrier_ms: int | None = None
     processed_bytes: int = 0
+
+
+def _whole(result: ChannelStateResult) -> tuple[bytes | None, list[ChannelSegment]]:
+    """A checkpoint's channel state as an upload carries it: its bytes (None: none) and its segments."""
+    return (result.data or None), result.segments
 
 
 class CheckpointController:
@@ -191,6 +197,10 @@ class CheckpointController:
         """Whether a checkpoint's channel state is still being collected."""
         return bool(self.pending)
 
+    def _on_written(self, cid: int, result: ChannelStateResult) -> Callable[[str, bool], None]:
+        """Once the checkpoint's object is written, the writer learns where its buffers lie."""
+        return lambda key, whole: self.writer.written(cid, key, result.whole() if whole else result)
+
     def hand_over_ready(self) -> None:
         """Every checkpoint whose channel state is complete goes to the ack worker, oldest first."""
         with self.lock:
@@ -208,6 +218,7 @@ class CheckpointController:
             }
             self.log.append(
                 {"checkpoint_id": cid, "unaligned": p.unaligned, "persisted": result.persisted_bytes,
+                 "referenced": result.referenced_bytes, "written": len(result.data),
                  "segments": len(result.segments), "policy": p.barrier.policy.value,
                  "trigger_timestamp": p.barrier.trigger_timestamp, "alignment_timeout": p.barrier.alignment_timeout,
                  "snapshot_ms": p.snapshot_ms, "switched_ms": p.switched_ms, "backpressured": p.backpressured}
@@ -216,10 +227,12 @@ class CheckpointController:
                 CheckpointUpload(
                     checkpoint_id=cid,
                     operator_state=p.operator_state,
-                    channel_state=result.data if result.segments else None,
+                    channel_state=result.data if result.data else None,
                     channel_segments=result.segments,
                     source_offsets=p.source_offsets,
                     key_group_range=self.key_group_range,
                     metrics=metrics,
+                    whole=(lambda result=result: _whole(result.whole())) if result.incremental else None,
+                    on_written=self._on_written(cid, result) if self.writer.references_taken else None,
                 )
             )

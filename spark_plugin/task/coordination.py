@@ -26,6 +26,7 @@ from client.errors import (
     Conflict,
     CoordinatorUnreachable,
     Forbidden,
+    InvalidRequest,
     NotFound,
     OutcomeUnknown,
     Unauthorized,
@@ -265,6 +266,12 @@ class CheckpointUpload:
     source_offsets: dict | None
     key_group_range: tuple[int, int] | None
     metrics: dict[str, Any]
+    whole: Callable[[], tuple[bytes | None, list[ChannelSegment]]] | None = None
+    """The channel state with every buffer written again, when ``channel_segments`` reference earlier objects: for
+    a checkpoint whose state goes through the coordinator, or whose references the coordinator refused."""
+    on_written: Callable[[str, bool], None] | None = None
+    """Told the key of the object written for the checkpoint when later checkpoints may reference it, and whether
+    its channel state was laid out whole again."""
     handed_over: float = field(default_factory=time.monotonic)
     """When the loop handed it over (``time.monotonic``): the async part of the checkpoint counts from here."""
     result: dict[str, Any] = field(default_factory=dict)
@@ -381,6 +388,14 @@ class AckWorker:
                         checkpoint_id, self.target_wait)
         return target
 
+    @staticmethod
+    def _write_whole(up: CheckpointUpload, body: dict[str, Any]) -> None:
+        """Lay the upload's channel state out with every buffer in it (no references)."""
+        assert up.whole is not None
+        data, segments = up.whole()
+        up.channel_state, up.channel_segments, up.whole = data, segments, None
+        body["channel_segments"] = [s.model_dump(mode="json") for s in segments]
+
     def _ack(self, up: CheckpointUpload) -> None:
         body: dict[str, Any] = {
             "channel_segments": [s.model_dump(mode="json") for s in up.channel_segments],
@@ -389,13 +404,30 @@ class AckWorker:
         if up.key_group_range is not None:
             body["key_group_start"], body["key_group_end"] = up.key_group_range
         target = self._target(up.checkpoint_id)
+        if up.whole is not None and (target is None or not target.incremental):
+            self._write_whole(up, body)
         if target is not None:
             assert self.writer is not None
             written = self.writer.write(target, up.operator_state, up.channel_state or None)
             body["written"] = written.model_dump(mode="json")
             # async_duration: from the hand-over until the state is durable in the store
             body["metrics"] = dict(up.metrics, async_duration=int((time.monotonic() - up.handed_over) * 1000))
-            self.reporter.ack(up.checkpoint_id, body)
+            if target.incremental and up.on_written is not None:
+                up.on_written(written.key, False)
+            try:
+                self.reporter.ack(up.checkpoint_id, body)
+            except InvalidRequest as e:
+                if up.whole is None:
+                    raise
+                # an object it references is no longer kept (the checkpoint that kept it was collected): write
+                # every buffer again, under the same name, and ack that
+                log.info("checkpoint %s: references refused (%s); writing its channel state whole", up.checkpoint_id, e)
+                self._write_whole(up, body)
+                written = self.writer.write(target, up.operator_state, up.channel_state or None)
+                body["written"] = written.model_dump(mode="json")
+                if up.on_written is not None:
+                    up.on_written(written.key, True)
+                self.reporter.ack(up.checkpoint_id, body)
         else:
             # async_duration: up to the one request that carries the blobs and the ack (the coordinator's part of
             # making them durable is the ack's own latency)

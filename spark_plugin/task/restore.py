@@ -47,7 +47,12 @@ class RestoreStats:
 def _segment_buffers(fetch: FetchBlob, seg: dict) -> list[bytes]:
     if seg["length"] == 0:
         return []
-    data = fetch(seg["blob_id"], seg["offset"], seg["offset"] + seg["length"] - 1)
+    if seg.get("parts"):  # incremental channel state: runs of its own blob and of earlier checkpoints' blobs
+        data = b"".join(
+            fetch(p.get("blob_id") or seg["blob_id"], p["offset"], p["offset"] + p["length"] - 1) for p in seg["parts"]
+        )
+    else:
+        data = fetch(seg["blob_id"], seg["offset"], seg["offset"] + seg["length"] - 1)
     return list(ChannelStateReader(data).buffers())
 
 

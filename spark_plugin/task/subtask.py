@@ -135,9 +135,7 @@ class Subtask:
             if chain.source is not None
             else None
         )
-        self.events = EventFeed(
-            events, attempt, self.mailbox, on_trigger=lambda t: targets.put(t.checkpoint_id, t.target)
-        )
+        self.events = EventFeed(events, attempt, self.mailbox, on_trigger=lambda t: self._target(targets, t))
         self._on_event: dict[type, Callable[[Any], None]] = {
             CheckpointTriggered: self._triggered,
             SwitchToUnaligned: self._switch_to_unaligned,
@@ -403,6 +401,13 @@ class Subtask:
         if handle is not None:
             handle(payload)
 
+    def _target(self, targets: StateTargets, trigger: CheckpointTriggered) -> None:
+        """A trigger's write target, for the ack worker (the event feed's thread); one that takes references makes
+        the channel-state writer keep where buffers lie."""
+        targets.put(trigger.checkpoint_id, trigger.target)
+        if trigger.target is not None and trigger.target.incremental:
+            self.writer.references_taken = True
+
     def _triggered(self, trigger: CheckpointTriggered) -> None:
         if trigger.external or (self.spec.inputs and not self.ended_output):
             return  # only sources act on triggers; the others wait for barriers
@@ -429,6 +434,7 @@ class Subtask:
 
     def _completed(self, completed: CheckpointCompleted) -> None:
         cid = completed.checkpoint_id
+        self.writer.completed(cid)
         self.chain.notify_checkpoint_complete(cid)
         if self.reader is not None and self.reader.completed(cid):
             self._end_output()

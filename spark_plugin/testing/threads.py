@@ -15,6 +15,7 @@ from spark_plugin.plan.topology import SubtaskSpec, subtask_specs
 from spark_plugin.task.coordination import CheckpointReporter, CoordinatorEvents
 from spark_plugin.task.life import SubtaskLife, build_subtask
 from spark_plugin.task.restore import FetchBlob
+from spark_plugin.task.state_store import StateWriter
 from spark_plugin.task.subtask import Subtask, SubtaskResult
 
 
@@ -32,12 +33,20 @@ class ThreadedRun:
         fetch: FetchBlob | None = None,
         restore_checkpoint: int | None = None,
         job_id: int = 0,
+        state_writer_for: Callable[[SubtaskSpec], StateWriter | None] | None = None,
     ) -> None:
+        """``state_writer_for``: each subtask's writer into the blob store (its checkpoints' triggers then carry
+        write targets); without one, state goes through the reporter."""
         self.plan = pipeline.plan()
         self.specs = subtask_specs(self.plan)
         network = network or NetworkConfig()
         self.lives = [
-            SubtaskLife(build_subtask(self.plan, s, reporter_for(s), events_for(s), network, deadline=deadline))
+            SubtaskLife(
+                build_subtask(
+                    self.plan, s, reporter_for(s), events_for(s), network, deadline=deadline,
+                    state_writer=state_writer_for(s) if state_writer_for is not None else None,
+                )
+            )
             for s in self.specs
         ]
         for life in self.lives:

@@ -175,3 +175,113 @@ class _FakeEvents:
 
     def close(self) -> None:
         self.queue.put(None)
+
+
+class StoreCoordinator(InMemoryCoordinator):
+    """A coordinator fake whose subtasks write their state into a shared directory themselves (``file://``), as with
+    ``OVERTAKE_STATE_WRITES=direct``: triggers carry write targets (``incremental``: references allowed), acks
+    name written objects, and references are checked as the coordinator checks them (an object of an earlier
+    checkpoint that an ack recorded, a range within its channel state)."""
+
+    def __init__(self, root, expected_subtasks: int | None = None, incremental: bool = True, job_id: int = 7) -> None:
+        super().__init__(expected_subtasks)
+        self.root = root
+        self.incremental = incremental
+        self.job_id = job_id
+        self.objects: dict[str, dict] = {}
+        """Every acked object by key: its ``written`` handle."""
+        self.refused: list[str] = []
+
+    def reporter(self, spec):
+        return _StoreReporter(self, spec.vertex, spec.subtask_index)
+
+    def state_writer(self, spec):
+        from spark_plugin.task.state_store import StateWriter
+
+        return StateWriter(f"{spec.vertex}-{spec.subtask_index}-a1.state")
+
+    def trigger(self, checkpoint_id: int, policy: str = "aligned", alignment_timeout=None, now=None) -> None:
+        import time
+
+        from contract.models import WriteTarget, state_prefix
+
+        self.next_id = max(self.next_id, checkpoint_id + 1)
+        self.triggered.add(checkpoint_id)
+        target = WriteTarget(
+            prefix=state_prefix(self.job_id, checkpoint_id), url=self.root.as_uri() + "/", incremental=self.incremental
+        )
+        self.publish(
+            CheckpointTriggered(
+                checkpoint_id=checkpoint_id, attempt=None, policy=policy, alignment_timeout=alignment_timeout,
+                trigger_timestamp=now if now is not None else int(time.time() * 1000), target=target,
+            )
+        )
+
+    def complete(self, checkpoint_id: int) -> None:
+        with self.lock:
+            self.completed.append(checkpoint_id)
+        self.publish(CheckpointCompleted(checkpoint_id=checkpoint_id, attempt=None))
+
+    def restore_plan(self, checkpoint_id: int) -> tuple[dict, list]:
+        """Per subtask what the coordinator's restore plan holds (no rescaling), and every blob's location: blob
+        ids are ``key#operator`` / ``key#channel``, each part names the blob holding it."""
+        from contract.models import BlobLocation
+
+        plan: dict = {}
+        locations: dict[str, BlobLocation] = {}
+
+        def blob(key: str, kind: str) -> str:
+            w = self.objects[key]
+            offset, size = (0, w["operator_size"]) if kind == "operator" else (w["operator_size"], w["size"] - w["operator_size"])
+            sha = w["operator_sha256"] if kind == "operator" else w["channel_sha256"]
+            blob_id = f"{key}#{kind}"
+            locations[blob_id] = BlobLocation(
+                blob_id=blob_id, sha256=sha, size=size, url=(self.root / key).as_uri(), offset=offset
+            )
+            return blob_id
+
+        for (vertex, index), ack in self.acks[checkpoint_id].items():
+            w = ack["written"]
+            segs = []
+            for s in ack["channel_segments"]:
+                seg = {**s, "blob_id": blob(w["key"], "channel") if w["size"] > w["operator_size"] else None,
+                       "from_subtask": index}
+                if s.get("parts"):
+                    seg["parts"] = [
+                        {**p, "blob_id": blob(p["key"], "channel") if p.get("key") else None} for p in s["parts"]
+                    ]
+                segs.append(seg)
+            plan[(vertex, index)] = {
+                "operator_state": [{"blob_id": blob(w["key"], "operator"), "from_subtask": index}]
+                if w["operator_size"]
+                else [],
+                "source_offsets": ack.get("source_offsets"),
+                "output_channel_state": [s for s in segs if s["direction"] == "output"],
+                "input_channel_state": [s for s in segs if s["direction"] == "input"],
+            }
+        return plan, list(locations.values())
+
+
+class _StoreReporter(_FakeReporter):
+    def ack(self, checkpoint_id, ack):
+        from client.errors import InvalidRequest
+
+        c = self.coord
+        w = ack["written"]
+        with c.lock:
+            for seg in ack["channel_segments"]:
+                for p in seg.get("parts") or []:
+                    if p.get("key") is None:
+                        continue
+                    ref = c.objects.get(p["key"])
+                    if ref is None or p["offset"] + p["length"] > ref["size"] - ref["operator_size"]:
+                        c.refused.append(p["key"])
+                        raise InvalidRequest(422, "invalid", f"object {p['key']} is not kept")
+            c.objects[w["key"]] = w
+            acks = c.acks.setdefault(checkpoint_id, {})
+            acks[(self.vertex, self.index)] = ack
+            done = c.expected_subtasks is not None and len(acks) == c.expected_subtasks
+            if done:
+                c.completed.append(checkpoint_id)
+        if done:
+            c.publish(CheckpointCompleted(checkpoint_id=checkpoint_id, attempt=None))

@@ -825,6 +825,9 @@ export interface components {
         /**
          * ChannelSegment
          * @description One channel's bytes inside a subtask's channel-state blob.
+         *
+         *     With ``parts`` the segment's bytes are its parts' bytes in order (``length`` is their total and ``offset`` the
+         *     first own part's offset, 0 if none); without, they are ``length`` bytes at ``offset`` of the own channel state.
          */
         ChannelSegment: {
             /**
@@ -850,6 +853,11 @@ export interface components {
             /** Peer Subtask */
             peer_subtask?: number | null;
             partitioning?: components["schemas"]["Partitioning"] | null;
+            /**
+             * Parts
+             * @description Incremental channel state: the segment's bytes as runs of this ack's own channel state and of earlier objects of the job; null: the segment is one run at offset.
+             */
+            parts?: components["schemas"]["SegmentPart"][] | null;
         };
         /** ChannelStateEntry */
         ChannelStateEntry: {
@@ -857,8 +865,11 @@ export interface components {
             vertex: string;
             /** Subtask Index */
             subtask_index: number;
-            /** Blob Id */
-            blob_id: string;
+            /**
+             * Blob Id
+             * @description The subtask's channel-state blob; null when its segments only reference earlier checkpoints' blobs (incremental channel state).
+             */
+            blob_id: string | null;
             /** Segments */
             segments: components["schemas"]["ChannelSegment"][];
         };
@@ -1000,6 +1011,12 @@ export interface components {
              * @default 1
              */
             retained: number;
+            /**
+             * Incremental Channel State
+             * @description Unaligned checkpoints reference in-flight buffers that the previous completed checkpoint already persisted instead of writing them again (state written straight into the blob store only; savepoints always write everything).
+             * @default false
+             */
+            incremental_channel_state: boolean;
         };
         /** CheckpointCounts */
         CheckpointCounts: {
@@ -1583,8 +1600,16 @@ export interface components {
             /** Peer Subtask */
             peer_subtask?: number | null;
             partitioning?: components["schemas"]["Partitioning"] | null;
-            /** Blob Id */
-            blob_id: string;
+            /**
+             * Parts
+             * @description Incremental channel state: the segment's bytes as runs of this ack's own channel state and of earlier objects of the job; null: the segment is one run at offset.
+             */
+            parts?: components["schemas"]["SegmentPart"][] | null;
+            /**
+             * Blob Id
+             * @description The blob of the subtask's own channel state; null when every part of the segment lies in blobs of earlier checkpoints (each part names its blob).
+             */
+            blob_id: string | null;
             /** From Subtask */
             from_subtask: number;
             /**
@@ -1653,6 +1678,31 @@ export interface components {
              * @default false
              */
             stop: boolean;
+        };
+        /**
+         * SegmentPart
+         * @description A run of whole buffers of a segment: in the ack's own channel state, or in the channel state of an object an
+         *     earlier completed checkpoint of the same job wrote (incremental channel state: a buffer still in flight is
+         *     referenced, not written again).
+         */
+        SegmentPart: {
+            /**
+             * Key
+             * @description An object of an earlier checkpoint of the same job whose channel state holds these bytes; null: this ack's own channel state.
+             */
+            key?: string | null;
+            /**
+             * Offset
+             * @description Where the bytes start in that object's channel state.
+             */
+            offset: number;
+            /** Length */
+            length: number;
+            /**
+             * Blob Id
+             * @description Restore plans only: the blob holding the part (its location is in the plan's blobs); the coordinator fills it in.
+             */
+            blob_id?: string | null;
         };
         /** SegmentPreview */
         SegmentPreview: {
