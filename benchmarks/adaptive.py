@@ -101,6 +101,8 @@ class PolicyRun:
     """Share of completed checkpoints that persisted in-flight data (started unaligned or switched)."""
     choices: dict[str, int] = field(default_factory=dict)
     """For the adaptive policy: '<phase>: <chosen policy>' -> checkpoints."""
+    p50_by_choice: dict[str, float] = field(default_factory=dict)
+    """For the adaptive policy: '<phase>: <chosen policy>' -> p50 duration of those that completed (ms)."""
     reasons: list[str] = field(default_factory=list)
 
 
@@ -139,6 +141,11 @@ def summarize(policy: str, checkpoints: list, w: WaveSettings) -> PolicyRun:
     run.unaligned_share = (sum(1 for c in done if c.checkpoint_type.value == "unaligned") / len(done)) if done else None
     decided = [c for c in steady if getattr(c, "decision", None) is not None]
     run.choices = dict(Counter(f"{phase(c)}: {c.decision.chosen.value}" for c in decided))
+    by_choice: dict[str, list[float]] = {}
+    for c in decided:
+        if c.status.value == "COMPLETED" and c.end_to_end_duration is not None:
+            by_choice.setdefault(f"{phase(c)}: {c.decision.chosen.value}", []).append(float(c.end_to_end_duration))
+    run.p50_by_choice = {k: _p(v, 0.5) for k, v in by_choice.items()}
     reasons = Counter(re.sub(r"\d[\d.,]*", "N", c.decision.reason) for c in decided)
     run.reasons = [f"{n}× {r}" for r, n in reasons.most_common(5)]
     return run
@@ -194,8 +201,9 @@ def markdown(runs: list[PolicyRun], w: WaveSettings, command: str, machine: str)
         )
     for r in runs:
         if r.choices:
-            lines += ["", f"What `{r.policy}` chose, by the phase its checkpoints were triggered in: "
-                      + ", ".join(f"{k} × {v}" for k, v in sorted(r.choices.items())) + ".", ""]
+            lines += ["", f"What `{r.policy}` chose, by the phase its checkpoints were triggered in (p50 duration of "
+                      "those that completed): " + ", ".join(
+                          f"{k} × {v} ({_ms(r.p50_by_choice.get(k))})" for k, v in sorted(r.choices.items())) + ".", ""]
             lines += [f"- {reason}" for reason in r.reasons]
     return "\n".join(lines) + "\n"
 

@@ -42,9 +42,10 @@ def test_a_policy_run_splits_durations_by_phase_and_leaves_warm_up_and_the_end_o
     assert r.persisted_total == 6144 and r.persisted_per_checkpoint == 2048
     assert r.unaligned_share == 2 / 3
     assert r.choices == {"calm: aligned_then_unaligned": 1, "busy: unaligned": 4}
+    assert r.p50_by_choice == {"calm: aligned_then_unaligned": 20.0, "busy: unaligned": 300.0}
     assert r.reasons and all("N" in x for x in r.reasons)
     text = markdown([r], W, "overtake bench adaptive", "cores: 2")
-    assert "| adaptive | 3 | 1 | 300 ms | 20 ms |" in text and "busy: unaligned × 4" in text
+    assert "| adaptive | 3 | 1 | 300 ms | 20 ms |" in text and "busy: unaligned × 4 (300 ms)" in text
 
 
 def test_scenario_9_is_known_by_name_and_number():
