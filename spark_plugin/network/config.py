@@ -20,6 +20,11 @@ class NetworkConfig:
     max_buffers_per_output_channel: int = 10
     flush_interval: float = 0.1
     """Seconds after which a partly filled output buffer is sent anyway (Flink's buffer timeout is 100 ms)."""
+    checkpoints_during_recovery: bool = False
+    """A restored subtask takes checkpoints while it still replays its restored in-flight data: what it has not
+    replayed yet is written into the new checkpoint's channel state (Flink 2.x's FLIP-547, off by default there
+    too). Off: the attempt takes no checkpoint until every subtask replayed everything. A restore that rescaled
+    the job takes none during recovery either way (see docs/recovery.md)."""
 
     def __post_init__(self) -> None:
         if self.buffer_size < 64:
