@@ -11,6 +11,9 @@ Scenarios (default: all):
                    (its own report: timers.md; benchmarks/timers.py)
   state         7. state straight into the store against through the coordinator (state.md)
   adaptive      9. the adaptive policy against the fixed ones when backpressure comes and goes (adaptive.md)
+  recovery-checkpoints
+               10. time to the first completed checkpoint after a restore with large in-flight state, with and
+                   without checkpoints during recovery (recovery-checkpoints.md; benchmarks/recovery_checkpoints.py)
 """
 
 from __future__ import annotations
@@ -37,9 +40,10 @@ SCENARIOS = {
     "timers": "6. checkpoints while timers fire",
     "state": "7. state straight into the store vs. through the coordinator",
     "adaptive": "9. the adaptive policy when backpressure comes and goes",
+    "recovery-checkpoints": "10. the first checkpoint after a restore, with checkpoints during recovery or without",
 }
 _ALIASES = {"1": "checkpoints", "2": "throughput-bp", "3": "throughput", "4": "disk", "5": "acks", "6": "timers",
-            "7": "state", "9": "adaptive"}
+            "7": "state", "9": "adaptive", "10": "recovery-checkpoints"}
 
 
 class BenchUsageError(ValueError):
@@ -85,7 +89,9 @@ def bench_args(
     for s in scenarios:
         name = _ALIASES.get(s, s)
         if name not in SCENARIOS:
-            raise BenchUsageError(f"unknown scenario {s!r}; choose from {', '.join(SCENARIOS)} (or 1-{len(SCENARIOS)})")
+            raise BenchUsageError(
+                f"unknown scenario {s!r}; choose from {', '.join(SCENARIOS)} (or their numbers: {', '.join(_ALIASES)})"
+            )
         chosen.append(name)
     if policies:
         bad = [p for p in policies.split(",") if p.strip() not in POLICIES]
@@ -135,6 +141,14 @@ def _adaptive_tasks(args: BenchArgs) -> int:
     return tasks_needed(_adaptive_settings(args))
 
 
+def _recovery_checkpoint_tasks(args: BenchArgs) -> int:
+    if "recovery-checkpoints" not in args.chosen:
+        return 0
+    from benchmarks.recovery_checkpoints import TASKS
+
+    return TASKS
+
+
 def _start_spark(tasks: int) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -169,14 +183,15 @@ def main(args: BenchArgs) -> int:
     t0 = time.monotonic()
     load0 = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     chosen = args.chosen
-    need_spark = any(c in chosen for c in ("checkpoints", "throughput-bp", "throughput", "state", "adaptive"))
+    need_spark = any(c in chosen for c in ("checkpoints", "throughput-bp", "throughput", "state", "adaptive",
+                                           "recovery-checkpoints"))
     runs_1 = [(p, d) for d in s.depths for p in s.policies] if "checkpoints" in chosen else []
     if "throughput-bp" in chosen and not runs_1:
         runs_1 = [(p, min(s.depths)) for p in s.policies]
     steps = len(runs_1) + (1 if "throughput-bp" in chosen else 0)
     steps += 2 * s.no_backpressure_repeats if "throughput" in chosen else 0
     steps += ("disk" in chosen) + ("acks" in chosen) + ("timers" in chosen) + ("state" in chosen)
-    steps += ("adaptive" in chosen)
+    steps += ("adaptive" in chosen) + ("recovery-checkpoints" in chosen)
     steps += 2 if need_spark else 0
     steps += len(s.depths) if "checkpoints" in chosen else 0
 
@@ -204,7 +219,7 @@ def main(args: BenchArgs) -> int:
             status("machine facts")
             if need_spark:
                 status(f"starting Spark local[{spark_tasks_needed(s)}]")
-                spark = _start_spark(max(spark_tasks_needed(s), _adaptive_tasks(args)))
+                spark = _start_spark(max(spark_tasks_needed(s), _adaptive_tasks(args), _recovery_checkpoint_tasks(args)))
                 done("Spark started")
                 from app.local import LocalCoordinator
                 from benchmarks.acks import new_pg_database
@@ -270,6 +285,15 @@ def main(args: BenchArgs) -> int:
                 machine = ", ".join(f"{k}: {v}" for k, v in results.machine.items())
                 adaptive.write(runs, w, out, results.command, machine)
                 done(f"adaptive: {adaptive.summary(runs)}; report in {out / 'adaptive.md'}")
+            if "recovery-checkpoints" in chosen:
+                from benchmarks import recovery_checkpoints as rc
+
+                status("", SCENARIOS["recovery-checkpoints"])
+                rc_report = rc.measure(spark, coordinator.url, rc.RcSettings.quick() if args.quick else rc.RcSettings(),
+                                       status)
+                machine = ", ".join(f"{k}: {v}" for k, v in results.machine.items())
+                path = rc.write(rc_report, out, results.command, machine)
+                done(f"recovery checkpoints: {rc.summary(rc_report)}; report in {path}")
             if coordinator is not None:
                 coordinator.stop()
                 coordinator = None

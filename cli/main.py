@@ -440,6 +440,7 @@ class Scenario(str, Enum):
     timers = "timers"
     state = "state"
     adaptive = "adaptive"
+    recovery_checkpoints = "recovery-checkpoints"
 
 
 @app.command()
@@ -451,7 +452,9 @@ def bench(
             "throughput-bp (2. throughput under backpressure), throughput (3. without backpressure), disk "
             "(4. channel-state write bandwidth), acks (5. coordinator ack throughput), timers (6. checkpoints while "
             "event-time timers fire), state (7. state straight into the blob store against state through the "
-            "coordinator), adaptive (9. the adaptive policy against the fixed ones when backpressure comes and goes).",
+            "coordinator), adaptive (9. the adaptive policy against the fixed ones when backpressure comes and goes), "
+            "recovery-checkpoints (10. time to the first completed checkpoint after a restore with large in-flight "
+            "state, with and without checkpoints during recovery).",
             show_default=False,
         ),
     ] = None,
