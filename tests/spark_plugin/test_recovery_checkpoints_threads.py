@@ -16,6 +16,7 @@ from spark_plugin.connectors import CollectSink, SequenceSource
 from spark_plugin.network.config import NetworkConfig
 from spark_plugin.testing.threads import ThreadedRun
 from tests.spark_plugin.fakes import InMemoryCoordinator
+from tests.spark_plugin.test_rescale_threads import rescale_plan
 from tests.spark_plugin.test_restore_threads import plan_from_acks
 from tests.spark_plugin.test_subtask_threads import wait_for
 
@@ -36,13 +37,13 @@ def held_count(key, record, state):
     return [record]
 
 
-def pipeline() -> Pipeline:
+def pipeline(keyed: int = 2) -> Pipeline:
     p = Pipeline("during-recovery", parallelism=2)
     (
         p.source(SequenceSource(count=COUNT, keys=16), id="src")
         .map(lambda r: r, id="parse")
         .key_by(lambda r: r[0])
-        .process(held_count, id="slow", parallelism=2)
+        .process(held_count, id="slow", parallelism=keyed)
         .sink(CollectSink(), id="out")
     )
     return p
@@ -142,3 +143,19 @@ def test_without_the_option_a_barrier_during_replay_is_declined():
     coord.publish(JobStatusChanged(status="CANCELLED"))
     run.join(120)
     assert any(d[0] == 2 and d[1] == "slow" and "replaying" in d[3] for d in coord.declines)
+
+
+def test_a_subtask_whose_restore_moved_records_takes_no_checkpoint_while_it_replays():
+    first = stopped_mid_stream()
+    run = ThreadedRun(
+        pipeline(keyed=3), first.reporter, first.events, DURING_RECOVERY,
+        restore=rescale_plan(first.acks[1], "slow", 3), fetch=fetch_from(first), restore_checkpoint=1,
+    )
+    try:
+        slow = [run.subtask("slow", i) for i in range(3)]
+        moved = [s for s in slow if s.restore_stats.rerouted_records]
+        assert moved, "the rescaled restore moved no record"
+        assert all(s.checkpoints.recovering() for s in moved)  # declines barriers, reports running after the replay
+    finally:
+        for life in run.lives:
+            life.close(5)
