@@ -3,9 +3,10 @@ checkpoints during recovery (``NetworkConfig.checkpoints_during_recovery``), in 
 
     python -m benchmarks.recovery_checkpoints [--quick] [--out bench-results]     (or: overtake bench recovery-checkpoints)
 
-A keyed counter behind two sources, slow in its keyed stage (backpressure) and with many network buffers per
-channel, runs unaligned until it completed a few checkpoints; then the same checkpoint is restored twice, once with
-each setting. Each restored attempt ends by itself a few seconds after its replay. Measured per setting: from
+A keyed counter behind two unbounded sources, slow in its keyed stage (backpressure) and with many network buffers
+per channel, runs unaligned until it completed a few checkpoints; then the same checkpoint is restored twice, once
+with each setting: without checkpoints during recovery until its first checkpoint completed (after the replay), with
+them for as long as the replay took without them and a few seconds more. Measured per setting: from
 submitting the attempt (Spark stage start included) until its first checkpoint completed, and until the keyed stage
 processed the last restored in-flight record (the end of the replay), with the in-flight data restored and the
 bytes that first checkpoint persisted. Until a checkpoint completes, a second failure starts over from the one
@@ -40,12 +41,12 @@ class RcSettings:
     checkpoints_before: int = 3
     """Checkpoints the first run completes before it stops (the last one is restored)."""
     interval: int = 500
-    after: int = 5_000
-    """Records each source split emits after the restored checkpoint before the restored run ends."""
+    tail: float = 10.0
+    """Seconds a restored run with checkpoints during recovery runs beyond the replay time measured without."""
 
     @classmethod
     def quick(cls) -> RcSettings:
-        return cls(delay=0.0003, buffers=(2, 8, 10), checkpoints_before=2, after=2_000)
+        return cls(delay=0.0003, buffers=(2, 8, 10), checkpoints_before=2, tail=5.0)
 
 
 @dataclass
@@ -107,7 +108,7 @@ def markdown(report: RcReport, command: str, machine: str = "") -> str:
         "",
         f"`{command}`" + (f" — {machine}" if machine else ""),
         "",
-        f"Keyed counter behind two sources, {s['delay'] * 1e3:.1f} ms per record in the keyed stage, "
+        f"Keyed counter behind two unbounded sources, {s['delay'] * 1e3:.1f} ms per record in the keyed stage, "
         f"buffers {tuple(s['buffers'])} (exclusive / floating / output max, 32 KiB each), unaligned checkpoints "
         f"every {s['interval']} ms. The same checkpoint restored once per setting; times from submitting the "
         "attempt (Spark stage start included).",
@@ -173,21 +174,25 @@ def measure(spark: Any, url: str, s: RcSettings, status: Callable[[str], None] =
                        for seg in sub.input_channel_state + sub.output_channel_state)
         emitted = {int(split): n for sub in plan.subtasks if sub.vertex == "src"
                    for split, n in sub.source_offsets["positions"].items()}
-        # the restored runs end by themselves a while after their replay (every split ``after`` records further)
-        count = 2 * (max(emitted.values()) + s.after)
+        # unbounded sources (a source that ran out would send its final checkpoint's barrier aligned, behind the
+        # replay). Without the option the run stops once its first checkpoint completed, which is after the replay;
+        # with it, the run gets the time the replay took without it and ``tail`` seconds more
+        time_limit: float | None = None
         for on in (False, True):
             status(f"restore checkpoint {plan.checkpoint_id} ({restored / 1024:,.0f} KiB in flight), "
                    f"checkpoints during recovery {'on' if on else 'off'}")
             network = NetworkConfig(**{**asdict(base), "checkpoints_during_recovery": on})
             submitted = time.time()
             run = run_pipeline(
-                counter(name, CollectSink(), pid_dir, s.delay, count=count), spark, url, checkpoint=cfg,
-                network=network, job_id=first.job_id, restore_from=plan.checkpoint_id, finish=on,
+                counter(name, CollectSink(), pid_dir, s.delay), spark, url, checkpoint=cfg, network=network,
+                job_id=first.job_id, restore_from=plan.checkpoint_id, finish=on,
+                stop_after_checkpoints=None if on else 1, time_limit=time_limit if on else None,
             )
             with OvertakeClient(url) as c:
                 cps = c.list_checkpoints(first.job_id, limit=1000).items
             replayed, replay_s = replay_end(run.outputs("out"), emitted, submitted)
             first_cp = first_completed(cps, run.attempt)
+            time_limit = (replay_s or 0.0) + s.tail
             report.runs.append(Restored(
                 during_recovery=on, restored_bytes=restored, replayed_records=replayed,
                 first_checkpoint_s=seconds_to_first_checkpoint(cps, run.attempt, submitted), replay_s=replay_s,
