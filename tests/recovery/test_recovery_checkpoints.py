@@ -113,7 +113,8 @@ def test_a_second_kill_during_a_long_replay_restores_the_checkpoint_taken_during
     with OvertakeClient(coordinator.url) as client:
         by_id = {c.id: c for c in client.list_checkpoints(result.job_id, limit=1000).items}
     first, second = result.restarts[0], result.restarts[1]
-    assert by_id[first.restored].attempt == 1 and by_id[first.restored].persisted_data >= ENOUGH_IN_FLIGHT
+    # (the newest of the first attempt: the one the killer waited for, or one completed in the moment before the kill)
+    assert by_id[first.restored].attempt == 1 and by_id[first.restored].persisted_data > 0
     # the second failure did not start over from the first checkpoint: it restored one of the attempt that replayed
     assert by_id[second.restored].attempt == 2, (first, second)
     # ... taken while it replayed: records in flight at the first checkpoint were still in flight at that one
