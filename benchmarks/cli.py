@@ -15,6 +15,9 @@ Scenarios (default: all):
                    buffers against buffer debloating to 1 s and 0.1 s, depths 1 and 2 (inflight.md, and a section
                    of report.md; benchmarks/inflight.py)
   adaptive      9. the adaptive policy against the fixed ones when backpressure comes and goes (adaptive.md)
+  recovery-checkpoints
+               10. time to the first completed checkpoint after a restore with large in-flight state, with and
+                   without checkpoints during recovery (recovery-checkpoints.md; benchmarks/recovery_checkpoints.py)
   incremental  11. bytes written per checkpoint under sustained backpressure, incremental channel state off and on
                    (incremental.md; benchmarks/incremental.py)
 """
@@ -45,10 +48,12 @@ SCENARIOS = {
     "state": "7. state straight into the store vs. through the coordinator",
     "inflight": "8. in-flight bytes and recovery: fixed buffers vs. debloating",
     "adaptive": "9. the adaptive policy when backpressure comes and goes",
+    "recovery-checkpoints": "10. the first checkpoint after a restore, with checkpoints during recovery or without",
     "incremental": "11. incremental channel state under sustained backpressure",
 }
 _ALIASES = {"1": "checkpoints", "2": "throughput-bp", "3": "throughput", "4": "disk", "5": "acks", "6": "timers",
-            "7": "state", "8": "inflight", "9": "adaptive", "11": "incremental"}
+            "7": "state", "8": "inflight", "9": "adaptive", "10": "recovery-checkpoints",
+            "11": "incremental"}
 
 
 class BenchUsageError(ValueError):
@@ -94,7 +99,9 @@ def bench_args(
     for s in scenarios:
         name = _ALIASES.get(s, s)
         if name not in SCENARIOS:
-            raise BenchUsageError(f"unknown scenario {s!r}; choose from {', '.join(SCENARIOS)} (or 1-{len(SCENARIOS)})")
+            raise BenchUsageError(
+                f"unknown scenario {s!r}; choose from {', '.join(SCENARIOS)} (or their numbers: {', '.join(_ALIASES)})"
+            )
         chosen.append(name)
     if policies:
         bad = [p for p in policies.split(",") if p.strip() not in POLICIES]
@@ -163,6 +170,14 @@ def _adaptive_tasks(args: BenchArgs) -> int:
     return tasks_needed(_adaptive_settings(args))
 
 
+def _recovery_checkpoint_tasks(args: BenchArgs) -> int:
+    if "recovery-checkpoints" not in args.chosen:
+        return 0
+    from benchmarks.recovery_checkpoints import TASKS
+
+    return TASKS
+
+
 def _start_spark(tasks: int) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -198,10 +213,10 @@ def main(args: BenchArgs) -> int:
     load0 = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     chosen = args.chosen
     need_spark = any(c in chosen for c in ("checkpoints", "throughput-bp", "throughput", "state", "inflight",
-                                           "adaptive", "incremental"))
+                                           "adaptive", "incremental", "recovery-checkpoints"))
     inflight_settings = inflight_settings_from(args)
     spark_tasks = max(spark_tasks_needed(s), inflight_settings.spark_tasks() if "inflight" in chosen else 0,
-                      _adaptive_tasks(args))
+                      _adaptive_tasks(args), _recovery_checkpoint_tasks(args))
     runs_1 = [(p, d) for d in s.depths for p in s.policies] if "checkpoints" in chosen else []
     if "throughput-bp" in chosen and not runs_1:
         runs_1 = [(p, min(s.depths)) for p in s.policies]
@@ -212,7 +227,7 @@ def main(args: BenchArgs) -> int:
         from benchmarks import inflight
 
         steps += len(inflight_settings.depths) * len(inflight.sizings())
-    steps += ("adaptive" in chosen) + ("incremental" in chosen)
+    steps += ("adaptive" in chosen) + ("incremental" in chosen) + ("recovery-checkpoints" in chosen)
     steps += 2 if need_spark else 0
     steps += len(s.depths) if "checkpoints" in chosen else 0
 
@@ -330,6 +345,15 @@ def main(args: BenchArgs) -> int:
                 machine = ", ".join(f"{k}: {v}" for k, v in results.machine.items())
                 incremental.write(runs, iw, out, results.command, machine)
                 done(f"incremental: {incremental.summary(runs)}; report in {out / 'incremental.md'}")
+            if "recovery-checkpoints" in chosen:
+                from benchmarks import recovery_checkpoints as rc
+
+                status("", SCENARIOS["recovery-checkpoints"])
+                rc_report = rc.measure(spark, coordinator.url, rc.RcSettings.quick() if args.quick else rc.RcSettings(),
+                                       status)
+                machine = ", ".join(f"{k}: {v}" for k, v in results.machine.items())
+                path = rc.write(rc_report, out, results.command, machine)
+                done(f"recovery checkpoints: {rc.summary(rc_report)}; report in {path}")
             if coordinator is not None:
                 coordinator.stop()
                 coordinator = None

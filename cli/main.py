@@ -447,6 +447,7 @@ class Scenario(str, Enum):
     state = "state"
     inflight = "inflight"
     adaptive = "adaptive"
+    recovery_checkpoints = "recovery-checkpoints"
     incremental = "incremental"
 
 
@@ -461,7 +462,9 @@ def bench(
             "event-time timers fire), state (7. state straight into the blob store against state through the "
             "coordinator), inflight (8. persisted in-flight bytes per unaligned checkpoint and recovery time, "
             "fixed buffers against buffer debloating to 1 s and 0.1 s), adaptive (9. the adaptive policy against "
-            "the fixed ones when backpressure comes and goes), incremental (11. bytes written per checkpoint under "
+            "the fixed ones when backpressure comes and goes), recovery-checkpoints (10. time to the first completed "
+            "checkpoint after a restore with large in-flight state, with and without checkpoints during recovery), "
+            "incremental (11. bytes written per checkpoint under "
             "sustained backpressure, incremental channel state off and on).",
             show_default=False,
         ),

@@ -8,7 +8,7 @@ import os
 import pickle
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from client.sync import OvertakeClient
@@ -175,6 +175,13 @@ def run_pipeline(
         restore = {
             (s.vertex, s.subtask_index): s.model_dump(mode="json") for s in attempt.restore_plan.subtasks
         }
+        network = network or NetworkConfig()
+        if attempt.restore_plan.rescaled and network.checkpoints_during_recovery:
+            # a rescaled restore keeps keys in order only by the gates' recovery order across channels, which a
+            # checkpoint's per-channel state cannot record: this attempt checkpoints once it replayed everything
+            log.info("job %s attempt %s is rescaled: no checkpoints while it replays its in-flight data",
+                     job.id, attempt.attempt)
+            network = replace(network, checkpoints_during_recovery=False)
         after = patiently(
             lambda: _event_cursor(client, job.id, attempt.attempt), "reading the job's events", max_coordinator_outage
         )
@@ -189,7 +196,7 @@ def run_pipeline(
             events_after=after,
             time_limit=time_limit,
             stop_after_checkpoints=stop_after_checkpoints,
-            network=network or NetworkConfig(),
+            network=network,
             restore=restore,
             restore_checkpoint=attempt.restore_plan.checkpoint_id,
             max_outage=max_coordinator_outage,

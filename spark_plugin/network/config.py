@@ -41,6 +41,11 @@ class NetworkConfig:
     ``buffer-debloat.threshold-percentages``)."""
     debloat_samples: int = 20
     """Samples of the moving average that smooths the size (Flink's ``buffer-debloat.samples``)."""
+    checkpoints_during_recovery: bool = False
+    """A restored subtask takes checkpoints while it still replays its restored in-flight data: what it has not
+    replayed yet is written into the new checkpoint's channel state (Flink 2.x's FLIP-547, off by default there
+    too). Off: the attempt takes no checkpoint until every subtask replayed everything. A restore that rescaled
+    the job takes none during recovery either way (see docs/recovery.md)."""
 
     def __post_init__(self) -> None:
         if self.buffer_size < 64:

@@ -27,7 +27,8 @@ class BarrierActions(Protocol):
         """The current time in epoch milliseconds."""
 
     def recovering(self) -> bool:
-        """Whether the subtask still replays the in-flight data it restored (it takes no checkpoint then)."""
+        """Whether the subtask still replays the in-flight data it restored and may not take a checkpoint meanwhile
+        (``NetworkConfig.checkpoints_during_recovery`` off, or a rescaled restore)."""
 
     def first_barrier(self, checkpoint_id: int) -> None:
         """The checkpoint's first barrier arrived: the bytes it reports as processed count from now."""
@@ -267,9 +268,9 @@ class BarrierHandler:
     def on_barrier(self, channel: int, barrier: CheckpointBarrier) -> None:
         if self._newer(barrier):
             if self.actions.recovering():
-                # in-flight data of the restored checkpoint is still being replayed: a checkpoint now would have to
-                # persist it in an order a later restore could not replay (the coordinator triggers none until
-                # every subtask reported running; this one came anyway)
+                # in-flight data of the restored checkpoint is still being replayed and checkpoints during recovery
+                # are off for this subtask (the coordinator triggers none until every subtask reported running;
+                # this one came anyway)
                 self.actions.abort(barrier.checkpoint_id, "the subtask is still replaying its restored in-flight data")
                 return
             self.actions.first_barrier(barrier.checkpoint_id)

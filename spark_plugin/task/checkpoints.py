@@ -42,6 +42,8 @@ class PendingCheckpoint:
     converted: bool = False
     last_barrier_ms: int | None = None
     processed_bytes: int = 0
+    during_recovery: bool = False
+    """Snapshotted while the subtask still replayed restored in-flight data."""
 
 
 def _whole(result: ChannelStateResult) -> tuple[bytes | None, list[ChannelSegment]]:
@@ -63,6 +65,7 @@ class CheckpointController:
         bytes_in: Callable[[], int],
         in_hand: Callable[[int], bytes | None],
         key_group_range: tuple[int, int] | None,
+        during_recovery: bool = False,
     ) -> None:
         self.name = name
         self.chain = chain
@@ -74,6 +77,9 @@ class CheckpointController:
         self._bytes_in = bytes_in
         self._in_hand = in_hand
         self.key_group_range = key_group_range
+        self.during_recovery = during_recovery
+        """Whether a checkpoint may start while the subtask replays restored in-flight data (the unreplayed rest is
+        persisted as that checkpoint's channel state, by the same persisters and partition as any in-flight data)."""
         self.pending: dict[int, PendingCheckpoint] = {}
         self._bytes_at_first_barrier: dict[int, int] = {}
         self.aborted_by_coordinator: set[int] = set()
@@ -88,7 +94,7 @@ class CheckpointController:
         return now_ms()
 
     def recovering(self) -> bool:
-        return self.gate.recovering
+        return self.gate.recovering and not self.during_recovery
 
     def first_barrier(self, checkpoint_id: int) -> None:
         # an aligned checkpoint snapshots only when alignment ends: what it processed counts from its first barrier
@@ -114,6 +120,7 @@ class CheckpointController:
             snapshot_ms=now,
             switched_ms=now if unaligned and barrier.deadline is not None else None,
             backpressured=not self.partition.available(),
+            during_recovery=self.gate.recovering,
         )
 
     def forward_barrier(self, barrier: CheckpointBarrier, priority: bool) -> None:
@@ -221,7 +228,8 @@ class CheckpointController:
                  "referenced": result.referenced_bytes, "written": len(result.data),
                  "segments": len(result.segments), "policy": p.barrier.policy.value,
                  "trigger_timestamp": p.barrier.trigger_timestamp, "alignment_timeout": p.barrier.alignment_timeout,
-                 "snapshot_ms": p.snapshot_ms, "switched_ms": p.switched_ms, "backpressured": p.backpressured}
+                 "snapshot_ms": p.snapshot_ms, "switched_ms": p.switched_ms, "backpressured": p.backpressured,
+                 "during_recovery": p.during_recovery}
             )
             self.ack_worker.submit(
                 CheckpointUpload(

@@ -10,6 +10,10 @@
    what the upstream subtasks re-send, and that before any new data (the recovery order of
    ``spark_plugin.network.input``).
 
+A subtask may take checkpoints while it replays (``NetworkConfig.checkpoints_during_recovery``) unless the restore
+moved records to another channel or subtask: then its recovery order spans channels, which one segment per channel
+cannot record.
+
 Without rescaling, recovered buffers are the exact bytes that travelled: nothing is re-serialized, reordered or
 duplicated. When the plan comes from another parallelism: records of hash edges are kept only where their key
 group now belongs (input state) or partitioned again for the new downstream parallelism (output state); buffers
@@ -216,6 +220,10 @@ def restore_subtask(subtask: Subtask, plan: dict[str, Any], fetch: FetchBlob, ch
     _restore_inputs(subtask, plan, fetch, stats)
     if checkpoint_id is not None:
         subtask.handler.restored(checkpoint_id)
+    if stats.rerouted_records:
+        # restored records changed channel or subtask (a rescale): only the gate's recovery order keeps their keys
+        # in order, and a checkpoint's channel state, one segment per channel, could not keep it for a later restore
+        subtask.checkpoints.during_recovery = False
     # the recovery order: this subtask's recovered input first, then what its upstreams re-send, then new data
     subtask.gate.start_recovery()
     subtask.partition.end_recovery()

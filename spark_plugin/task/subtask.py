@@ -128,6 +128,7 @@ class Subtask:
         self.checkpoints = CheckpointController(
             spec.name, chain, self.gate, self.partition, self.writer, self.ack_worker,
             bytes_in=lambda: self.bytes_in, in_hand=self._in_hand, key_group_range=self.keyed_range,
+            during_recovery=self.network.checkpoints_during_recovery,
         )
         self.handler = BarrierHandler(self.checkpoints)
         self.reader = (
@@ -175,8 +176,9 @@ class Subtask:
             self._handle_priority()
             self._on_timers()
             self.checkpoints.hand_over_ready()
-            if not self.running_reported and not self.gate.recovering:
-                self.ack_worker.report_running()  # started, and replayed whatever it restored
+            if not self.running_reported and not self.checkpoints.recovering():
+                # started, and replayed whatever it restored unless it may take checkpoints while replaying
+                self.ack_worker.report_running()
                 self.running_reported = True
             if self._finished():
                 break
