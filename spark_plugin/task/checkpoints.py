@@ -41,6 +41,8 @@ class PendingCheckpoint:
     converted: bool = False
     last_barrier_ms: int | None = None
     processed_bytes: int = 0
+    over_budget: int | None = None
+    """Taken aligned over its in-flight budget: the in-flight bytes seen when it would have gone unaligned."""
 
 
 class CheckpointController:
@@ -70,6 +72,7 @@ class CheckpointController:
         self.key_group_range = key_group_range
         self.pending: dict[int, PendingCheckpoint] = {}
         self._bytes_at_first_barrier: dict[int, int] = {}
+        self._over_budget: dict[int, int] = {}
         self.aborted_by_coordinator: set[int] = set()
         self.log: list[dict] = []
 
@@ -97,6 +100,7 @@ class CheckpointController:
         with self.lock:
             self.writer.start(cid)
         now = self.now_ms()
+        over_budget = self._over_budget.pop(cid, None)
         self.pending[cid] = PendingCheckpoint(
             barrier=barrier,
             operator_state=operator_state,
@@ -108,6 +112,8 @@ class CheckpointController:
             snapshot_ms=now,
             switched_ms=now if unaligned and barrier.deadline is not None else None,
             backpressured=not self.partition.available(),
+            over_budget=over_budget,
+            converted=over_budget is not None,  # its barrier stays in band: its output never switches
         )
 
     def forward_barrier(self, barrier: CheckpointBarrier, priority: bool) -> None:
@@ -129,6 +135,17 @@ class CheckpointController:
     def stop_persisting(self, channel: int, checkpoint_id: int) -> None:
         with self.lock:
             self.gate.channels[channel].checkpoint_stopped(checkpoint_id)
+
+    def inflight_bytes(self, checkpoint_id: int, channels: set[int]) -> int:
+        with self.lock:
+            queued = self.gate.inflight_bytes(channels, checkpoint_id) + self.partition.overtakable_bytes()
+            in_hand = sum(len(self._in_hand(ch) or b"") for ch in channels)
+        return queued + in_hand
+
+    def hold_barriers(self, checkpoint_id: int, inflight_bytes: int) -> None:
+        self._over_budget[checkpoint_id] = inflight_bytes
+        with self.lock:
+            self.gate.hold(checkpoint_id)
 
     def finish_input(self, checkpoint_id: int, last_barrier_ms: int) -> None:
         p = self.pending.get(checkpoint_id)
@@ -157,6 +174,7 @@ class CheckpointController:
     def drop(self, checkpoint_id: int, reason: str) -> None:
         self.pending.pop(checkpoint_id, None)
         self._bytes_at_first_barrier.pop(checkpoint_id, None)
+        self._over_budget.pop(checkpoint_id, None)
         with self.lock:
             self.writer.abort(checkpoint_id)
             for ch in self.gate.channels:
@@ -210,7 +228,8 @@ class CheckpointController:
                 {"checkpoint_id": cid, "unaligned": p.unaligned, "persisted": result.persisted_bytes,
                  "segments": len(result.segments), "policy": p.barrier.policy.value,
                  "trigger_timestamp": p.barrier.trigger_timestamp, "alignment_timeout": p.barrier.alignment_timeout,
-                 "snapshot_ms": p.snapshot_ms, "switched_ms": p.switched_ms, "backpressured": p.backpressured}
+                 "snapshot_ms": p.snapshot_ms, "switched_ms": p.switched_ms, "backpressured": p.backpressured,
+                 "inflight_budget": p.barrier.inflight_budget, "over_budget": p.over_budget}
             )
             self.ack_worker.submit(
                 CheckpointUpload(
