@@ -334,7 +334,9 @@ class InputGate:
             for pos, item in enumerate(ch.items):
                 if item[0] == PRIORITY and item[1].checkpoint_id == checkpoint_id:
                     ch.items[pos] = (BARRIER, item[1].as_aligned())
-        self.priority = deque((i, b) for i, b in self.priority if b.checkpoint_id != checkpoint_id)
+        keep = [(i, b) for i, b in self.priority if b.checkpoint_id != checkpoint_id]
+        self.priority.clear()  # in place: the subtask loop holds on to this deque
+        self.priority.extend(keep)
 
     def inflight_bytes(self, channels: set[int], checkpoint_id: int) -> int:
         """The bytes queued in ``channels`` ahead of the checkpoint's barrier: what an unaligned checkpoint would
