@@ -14,6 +14,9 @@ Scenarios (default: all):
   inflight      8. persisted in-flight bytes per unaligned checkpoint and recovery time under backpressure, fixed
                    buffers against buffer debloating to 1 s and 0.1 s, depths 1 and 2 (inflight.md, and a section
                    of report.md; benchmarks/inflight.py)
+  budget       12. checkpoint duration and persisted in-flight bytes of unaligned checkpoints without a budget and
+                   with in-flight budgets of 64 KiB and 256 KiB per subtask, depths 1 and 2 (budget.md;
+                   benchmarks/budget.py)
 """
 
 from __future__ import annotations
@@ -41,9 +44,10 @@ SCENARIOS = {
     "timers": "6. checkpoints while timers fire",
     "state": "7. state straight into the store vs. through the coordinator",
     "inflight": "8. in-flight bytes and recovery: fixed buffers vs. debloating",
+    "budget": "12. in-flight budget: duration and persisted bytes against the budget",
 }
 _ALIASES = {"1": "checkpoints", "2": "throughput-bp", "3": "throughput", "4": "disk", "5": "acks", "6": "timers",
-            "7": "state", "8": "inflight"}
+            "7": "state", "8": "inflight", "12": "budget"}
 
 
 class BenchUsageError(ValueError):
@@ -89,7 +93,8 @@ def bench_args(
     for s in scenarios:
         name = _ALIASES.get(s, s)
         if name not in SCENARIOS:
-            raise BenchUsageError(f"unknown scenario {s!r}; choose from {', '.join(SCENARIOS)} (or 1-{len(SCENARIOS)})")
+            numbers = ", ".join(_ALIASES)
+            raise BenchUsageError(f"unknown scenario {s!r}; choose from {', '.join(SCENARIOS)} (or {numbers})")
         chosen.append(name)
     if policies:
         bad = [p for p in policies.split(",") if p.strip() not in POLICIES]
@@ -132,6 +137,18 @@ def inflight_settings_from(args: BenchArgs) -> Any:
     return inflight.Settings.quick_settings(**over) if args.quick else inflight.Settings(**over)
 
 
+def budget_settings_from(args: BenchArgs) -> Any:
+    """Scenario 12's settings: ``--depths`` and ``--seconds`` when given, ``--quick``."""
+    from benchmarks import budget
+
+    over: dict[str, Any] = {}
+    if args.depths:
+        over["depths"] = tuple(int(d) for d in args.depths.split(","))
+    if args.seconds:
+        over["seconds"] = args.seconds
+    return budget.Settings.quick_settings(**over) if args.quick else budget.Settings(**over)
+
+
 def _start_spark(tasks: int) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -166,9 +183,12 @@ def main(args: BenchArgs) -> int:
     t0 = time.monotonic()
     load0 = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     chosen = args.chosen
-    need_spark = any(c in chosen for c in ("checkpoints", "throughput-bp", "throughput", "state", "inflight"))
+    need_spark = any(c in chosen for c in ("checkpoints", "throughput-bp", "throughput", "state", "inflight",
+                                           "budget"))
     inflight_settings = inflight_settings_from(args)
-    spark_tasks = max(spark_tasks_needed(s), inflight_settings.spark_tasks() if "inflight" in chosen else 0)
+    budget_settings = budget_settings_from(args)
+    spark_tasks = max(spark_tasks_needed(s), inflight_settings.spark_tasks() if "inflight" in chosen else 0,
+                      s.parallelism * (max(budget_settings.depths) + 1) if "budget" in chosen else 0)
     runs_1 = [(p, d) for d in s.depths for p in s.policies] if "checkpoints" in chosen else []
     if "throughput-bp" in chosen and not runs_1:
         runs_1 = [(p, min(s.depths)) for p in s.policies]
@@ -179,6 +199,7 @@ def main(args: BenchArgs) -> int:
         from benchmarks import inflight
 
         steps += len(inflight_settings.depths) * len(inflight.sizings())
+    steps += len(budget_settings.runs()) if "budget" in chosen else 0
     steps += 2 if need_spark else 0
     steps += len(s.depths) if "checkpoints" in chosen else 0
 
@@ -278,6 +299,18 @@ def main(args: BenchArgs) -> int:
                                             into=results.inflight)
                 machine = ", ".join(f"{k}: {v}" for k, v in results.machine.items())
                 inflight.write(measured, out, results.command, machine)
+            if "budget" in chosen:
+                from benchmarks import budget
+
+                status("", SCENARIOS["budget"])
+                machine = ", ".join(f"{k}: {v}" for k, v in results.machine.items())
+                budget_runs: list[Any] = []
+
+                def budget_done(x: Any) -> None:
+                    done(f"{x.label}: {budget.headline(x)}")
+                    budget.write(budget_runs, budget_settings, out, results.command, machine)
+
+                budget.measure(runner, budget_settings, budget_done, into=budget_runs)
             if coordinator is not None:
                 coordinator.stop()
                 coordinator = None

@@ -446,6 +446,7 @@ class Scenario(str, Enum):
     timers = "timers"
     state = "state"
     inflight = "inflight"
+    budget = "budget"
 
 
 @app.command()
@@ -458,7 +459,8 @@ def bench(
             "(4. channel-state write bandwidth), acks (5. coordinator ack throughput), timers (6. checkpoints while "
             "event-time timers fire), state (7. state straight into the blob store against state through the "
             "coordinator), inflight (8. persisted in-flight bytes per unaligned checkpoint and recovery time, "
-            "fixed buffers against buffer debloating to 1 s and 0.1 s).",
+            "fixed buffers against buffer debloating to 1 s and 0.1 s), budget (12. checkpoint duration and persisted "
+            "in-flight bytes without and with an in-flight budget per subtask).",
             show_default=False,
         ),
     ] = None,
