@@ -20,6 +20,9 @@ Scenarios (default: all):
                    without checkpoints during recovery (recovery-checkpoints.md; benchmarks/recovery_checkpoints.py)
   incremental  11. bytes written per checkpoint under sustained backpressure, incremental channel state off and on
                    (incremental.md; benchmarks/incremental.py)
+  budget       12. checkpoint duration and persisted in-flight bytes of unaligned checkpoints without a budget and
+                   with in-flight budgets of 64 KiB and 256 KiB per subtask, depths 1 and 2 (budget.md;
+                   benchmarks/budget.py)
 """
 
 from __future__ import annotations
@@ -50,10 +53,11 @@ SCENARIOS = {
     "adaptive": "9. the adaptive policy when backpressure comes and goes",
     "recovery-checkpoints": "10. the first checkpoint after a restore, with checkpoints during recovery or without",
     "incremental": "11. incremental channel state under sustained backpressure",
+    "budget": "12. in-flight budget: duration and persisted bytes against the budget",
 }
 _ALIASES = {"1": "checkpoints", "2": "throughput-bp", "3": "throughput", "4": "disk", "5": "acks", "6": "timers",
             "7": "state", "8": "inflight", "9": "adaptive", "10": "recovery-checkpoints",
-            "11": "incremental"}
+            "11": "incremental", "12": "budget"}
 
 
 class BenchUsageError(ValueError):
@@ -178,6 +182,18 @@ def _recovery_checkpoint_tasks(args: BenchArgs) -> int:
     return TASKS
 
 
+def budget_settings_from(args: BenchArgs) -> Any:
+    """Scenario 12's settings: ``--depths`` and ``--seconds`` when given, ``--quick``."""
+    from benchmarks import budget
+
+    over: dict[str, Any] = {}
+    if args.depths:
+        over["depths"] = tuple(int(d) for d in args.depths.split(","))
+    if args.seconds:
+        over["seconds"] = args.seconds
+    return budget.Settings.quick_settings(**over) if args.quick else budget.Settings(**over)
+
+
 def _start_spark(tasks: int) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -213,10 +229,12 @@ def main(args: BenchArgs) -> int:
     load0 = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     chosen = args.chosen
     need_spark = any(c in chosen for c in ("checkpoints", "throughput-bp", "throughput", "state", "inflight",
-                                           "adaptive", "incremental", "recovery-checkpoints"))
+                                           "adaptive", "incremental", "recovery-checkpoints", "budget"))
     inflight_settings = inflight_settings_from(args)
+    budget_settings = budget_settings_from(args)
     spark_tasks = max(spark_tasks_needed(s), inflight_settings.spark_tasks() if "inflight" in chosen else 0,
-                      _adaptive_tasks(args), _recovery_checkpoint_tasks(args))
+                      _adaptive_tasks(args), _recovery_checkpoint_tasks(args),
+                      s.parallelism * (max(budget_settings.depths) + 1) if "budget" in chosen else 0)
     runs_1 = [(p, d) for d in s.depths for p in s.policies] if "checkpoints" in chosen else []
     if "throughput-bp" in chosen and not runs_1:
         runs_1 = [(p, min(s.depths)) for p in s.policies]
@@ -228,6 +246,7 @@ def main(args: BenchArgs) -> int:
 
         steps += len(inflight_settings.depths) * len(inflight.sizings())
     steps += ("adaptive" in chosen) + ("incremental" in chosen) + ("recovery-checkpoints" in chosen)
+    steps += len(budget_settings.runs()) if "budget" in chosen else 0
     steps += 2 if need_spark else 0
     steps += len(s.depths) if "checkpoints" in chosen else 0
 
@@ -354,6 +373,18 @@ def main(args: BenchArgs) -> int:
                 machine = ", ".join(f"{k}: {v}" for k, v in results.machine.items())
                 path = rc.write(rc_report, out, results.command, machine)
                 done(f"recovery checkpoints: {rc.summary(rc_report)}; report in {path}")
+            if "budget" in chosen:
+                from benchmarks import budget
+
+                status("", SCENARIOS["budget"])
+                machine = ", ".join(f"{k}: {v}" for k, v in results.machine.items())
+                budget_runs: list[Any] = []
+
+                def budget_done(x: Any) -> None:
+                    done(f"{x.label}: {budget.headline(x)}")
+                    budget.write(budget_runs, budget_settings, out, results.command, machine)
+
+                budget.measure(runner, budget_settings, budget_done, into=budget_runs)
             if coordinator is not None:
                 coordinator.stop()
                 coordinator = None

@@ -269,7 +269,8 @@ class Runner:
     def run(self, scenario: str, label: str, pipeline_factory: Callable[[str], Pipeline], last_vertex: str,
             policy: str | None, depth: int, seconds: float, network: NetworkConfig | None = None,
             interval_ms: int | None = None, alignment_timeout_ms: int | None = None,
-            incremental: bool = False) -> RunStats:
+            incremental: bool = False, checkpoint: dict[str, Any] | None = None) -> RunStats:
+        """One run; ``checkpoint`` adds fields to the job's checkpoint config (e.g. an in-flight budget)."""
         from client.sync import OvertakeClient
         from contract.models import CheckpointConfig
 
@@ -285,6 +286,7 @@ class Runner:
                 timeout=int(max(600_000, seconds * 4000)),
                 alignment_timeout=timeout if policy in ("aligned_then_unaligned", "adaptive") else None,
                 incremental_channel_state=incremental,
+                **(checkpoint or {}),
             )
         outcome: dict[str, Any] = {}
 
@@ -335,13 +337,14 @@ class Runner:
 
     def backpressured(self, policy: str | None, depth: int, scenario: str = "backpressure",
                       network: NetworkConfig | None = None, seconds: float | None = None,
-                      payload_bytes: int | None = None) -> RunStats:
+                      payload_bytes: int | None = None, checkpoint: dict[str, Any] | None = None,
+                      label: str | None = None) -> RunStats:
         """The backpressured pipeline at ``depth``; ``network``, ``seconds`` and ``payload_bytes`` override the
-        settings' for this run."""
-        label = f"{policy or 'no checkpoints'}, depth {depth}"
+        settings' for this run, ``checkpoint`` adds to its checkpoint config."""
+        label = label or f"{policy or 'no checkpoints'}, depth {depth}"
         s = self.s if payload_bytes is None else replace(self.s, payload_bytes=payload_bytes)
         return self.run(scenario, label, lambda n: backpressured_pipeline(n, depth, s), f"slow-{depth}",
-                        policy, depth, seconds or self.s.backpressure_seconds, network)
+                        policy, depth, seconds or self.s.backpressure_seconds, network, checkpoint)
 
     def free(self, policy: str | None) -> RunStats:
         label = f"{policy or 'no checkpoints'}, no backpressure"

@@ -449,6 +449,7 @@ class Scenario(str, Enum):
     adaptive = "adaptive"
     recovery_checkpoints = "recovery-checkpoints"
     incremental = "incremental"
+    budget = "budget"
 
 
 @app.command()
@@ -465,7 +466,8 @@ def bench(
             "the fixed ones when backpressure comes and goes), recovery-checkpoints (10. time to the first completed "
             "checkpoint after a restore with large in-flight state, with and without checkpoints during recovery), "
             "incremental (11. bytes written per checkpoint under "
-            "sustained backpressure, incremental channel state off and on).",
+            "sustained backpressure, incremental channel state off and on), budget (12. checkpoint duration and persisted "
+            "in-flight bytes without and with an in-flight budget per subtask).",
             show_default=False,
         ),
     ] = None,

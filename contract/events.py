@@ -17,6 +17,7 @@ from contract.models import (
     Event,
     EventType,
     JobStatus,
+    OverInflightBudget,
     PlanFallback,
     VertexRescale,
     WriteTarget,
@@ -45,6 +46,12 @@ class CheckpointTriggered(EventPayload):
         default=None, description="aligned_then_unaligned: ms after the trigger at which alignment turns unaligned."
     )
     trigger_timestamp: int
+    inflight_budget: int | None = Field(
+        default=None,
+        description="The most in-flight bytes each subtask persists for this checkpoint; one that would pass it "
+        "takes the checkpoint aligned or declines it (over_inflight_budget). None: no limit.",
+    )
+    over_inflight_budget: OverInflightBudget = "align"
     timeout_at: int | None = None
     is_savepoint: bool = False
     stop: bool = Field(default=False, description="A savepoint that stops the job once it completes.")

@@ -105,7 +105,12 @@ CONFIG_RANGES: dict[str, tuple[int, int, str]] = {
     "alignment_timeout": (0, MAX_CONFIG_MS - 1, "must not be negative (ms)"),
     "tolerable_failures": (0, 1_000_000, "must not be negative"),
     "retained": (1, 1000, "must be at least 1"),
+    "max_inflight_bytes_per_subtask": (0, MAX_FIGURE, "must not be negative (bytes) or null"),
+    "max_inflight_bytes": (0, MAX_FIGURE, "must not be negative (bytes) or null"),
 }
+
+
+OverInflightBudget = Literal["align", "abort"]
 
 
 class CheckpointConfig(_Model):
@@ -149,6 +154,24 @@ class CheckpointConfig(_Model):
         description="Unaligned checkpoints reference in-flight buffers that the previous completed checkpoint "
         "already persisted instead of writing them again (state written straight into the blob store only; "
         "savepoints always write everything).",
+    )
+    max_inflight_bytes_per_subtask: int | None = Field(
+        default=None,
+        description="In-flight budget: the most bytes of in-flight data one subtask persists for one unaligned "
+        "checkpoint; a subtask that would pass it takes that checkpoint aligned (see over_inflight_budget). "
+        "Null: no limit.",
+        **_range(*CONFIG_RANGES["max_inflight_bytes_per_subtask"][:2]),
+    )
+    max_inflight_bytes: int | None = Field(
+        default=None,
+        description="In-flight budget of the whole job per checkpoint, shared equally by its subtasks (each gets "
+        "the smaller of this divided by the number of subtasks and max_inflight_bytes_per_subtask). Null: no limit.",
+        **_range(*CONFIG_RANGES["max_inflight_bytes"][:2]),
+    )
+    over_inflight_budget: OverInflightBudget = Field(
+        default="align",
+        description="What a subtask does when the in-flight data it would persist passes its budget: 'align' "
+        "(takes the checkpoint aligned, persisting nothing) or 'abort' (declines the checkpoint).",
     )
 
     @field_validator(*CONFIG_RANGES, mode="after")

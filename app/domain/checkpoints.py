@@ -22,7 +22,7 @@ from app.domain.lifecycle import (
     abort_pending,
     release_blobs,
 )
-from app.domain.policies import POLICY_RULES, barrier_plan
+from app.domain.policies import POLICY_RULES, barrier_plan, inflight_budget
 from app.errors import Conflict, NotFound
 from app.events import emit
 from app.observability import CHECKPOINT_DURATION, CHECKPOINTS
@@ -184,6 +184,8 @@ async def trigger(
             policy=cp.policy,
             alignment_timeout=alignment_timeout,
             trigger_timestamp=now,
+            inflight_budget=inflight_budget(plan.policy, cfg, job.num_subtasks),
+            over_inflight_budget=cfg.over_inflight_budget,
             timeout_at=cp.timeout_at,
             is_savepoint=savepoint,
             stop=stop,

@@ -106,6 +106,18 @@ def validate_config(cfg: CheckpointConfig) -> None:
                 f"checkpoint.alignment_timeout {cfg.alignment_timeout} ms must be below checkpoint.timeout "
                 f"{cfg.timeout} ms, or alignment would never switch before the checkpoint expires"
             )
+    budgets = {"max_inflight_bytes_per_subtask": cfg.max_inflight_bytes_per_subtask,
+               "max_inflight_bytes": cfg.max_inflight_bytes}
+    for name, budget in budgets.items():
+        if budget is None:
+            continue
+        if budget < 0:
+            raise Invalid(f"checkpoint.{name} must not be negative (bytes), got {budget}")
+        if not POLICY_RULES[cfg.policy].takes_inflight_budget:
+            raise Invalid(
+                f"checkpoint.{name} limits the in-flight data unaligned checkpoints persist; policy "
+                f"{cfg.policy.value} persists none: remove it or choose another policy"
+            )
 
 
 def subtasks_of(graph: Graph) -> dict[str, int]:

@@ -34,6 +34,8 @@ class PolicyRule:
     """Whether `checkpoint.alignment_timeout` means anything for this policy (config validation refuses it if not)."""
     observes: ClassVar[bool] = False
     """Whether its plan depends on the job's recent checkpoints and backpressure (`Observations`)."""
+    takes_inflight_budget: ClassVar[bool] = True
+    """Whether its checkpoints can persist in-flight data, so an in-flight budget limits them."""
 
     def plan(self, cfg: CheckpointConfig, seen: Observations | None = None) -> BarrierPlan:
         return BarrierPlan(self.policy)
@@ -43,6 +45,7 @@ class Aligned(PolicyRule):
     """Subtasks block each channel on its barrier until all arrived; nothing to announce."""
 
     policy = BarrierPolicy.aligned
+    takes_inflight_budget = False
 
 
 class Unaligned(PolicyRule):
@@ -87,3 +90,14 @@ POLICY_RULES: dict[BarrierPolicy, PolicyRule] = {
 
 def barrier_plan(policy: BarrierPolicy, cfg: CheckpointConfig, seen: Observations | None = None) -> BarrierPlan:
     return POLICY_RULES[policy].plan(cfg, seen)
+
+
+def inflight_budget(policy: BarrierPolicy, cfg: CheckpointConfig, num_subtasks: int) -> int | None:
+    """The in-flight bytes each subtask may persist for one checkpoint of ``policy``: the smaller of the per-subtask
+    budget and the job's shared equally by its subtasks (None: no limit, or a policy that persists none)."""
+    if not POLICY_RULES[policy].takes_inflight_budget:
+        return None
+    budgets = [b for b in (cfg.max_inflight_bytes_per_subtask,) if b is not None]
+    if cfg.max_inflight_bytes is not None:
+        budgets.append(cfg.max_inflight_bytes // max(1, num_subtasks))
+    return min(budgets, default=None)

@@ -16,6 +16,10 @@ class CheckpointBarrier:
     ``unaligned`` is True when the barrier travels as a priority event (it overtakes queued buffers). A barrier
     with an alignment timeout (``aligned_then_unaligned``) starts aligned and may turn unaligned past ``deadline``;
     one without (aligned checkpoints, savepoints, a source's final checkpoint) never does.
+
+    ``inflight_budget`` travels with it so every subtask knows the most in-flight bytes it may persist for the
+    checkpoint; one that would persist more takes it aligned (``over_inflight_budget`` "align") or declines it
+    ("abort").
     """
 
     checkpoint_id: int
@@ -24,6 +28,8 @@ class CheckpointBarrier:
     alignment_timeout: int | None = None
     is_savepoint: bool = False
     unaligned: bool = False
+    inflight_budget: int | None = None
+    over_inflight_budget: str = "align"
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy, BarrierPolicy):
@@ -47,6 +53,8 @@ class CheckpointBarrier:
             policy=trigger.policy,
             alignment_timeout=trigger.alignment_timeout,
             is_savepoint=trigger.is_savepoint,
+            inflight_budget=trigger.inflight_budget,
+            over_inflight_budget=trigger.over_inflight_budget,
         )
 
     @property
@@ -59,6 +67,14 @@ class CheckpointBarrier:
     def as_unaligned(self) -> CheckpointBarrier:
         """The same barrier as a priority event."""
         return replace(self, unaligned=True)
+
+    def as_aligned(self) -> CheckpointBarrier:
+        """The same barrier sent in band, behind the queued buffers."""
+        return replace(self, unaligned=False)
+
+    def over_budget(self, inflight_bytes: int) -> bool:
+        """Whether persisting ``inflight_bytes`` would pass the checkpoint's in-flight budget."""
+        return self.inflight_budget is not None and inflight_bytes > self.inflight_budget
 
     def as_aligned_final(self) -> CheckpointBarrier:
         """The same checkpoint sent aligned behind every record, never switching (a source's final checkpoint)."""

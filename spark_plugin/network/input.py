@@ -17,6 +17,12 @@ alignment timeout passes (or that arrives after it) becomes a priority barrier i
 queued ahead of it, which are persisted, instead of waiting until they are processed (Flink announces such
 barriers for the same reason).
 
+A checkpoint over its in-flight budget is *held* (:meth:`InputGate.hold`): its barriers no longer overtake. A
+priority marker already queued becomes an aligned barrier at its arrival position, its announcement is dropped,
+and later ones queue in band, so the subtask processes the buffers a barrier overtook and blocks the channel when it
+reaches the marker (what follows the marker on the wire is the upstream's persisted output state or data after the
+cut either way).
+
 Each channel persists its own in-flight buffers for a checkpoint through its :class:`ChannelStatePersister`: the
 gate hands every buffer it gives the subtask to the channel's persister.
 
@@ -78,6 +84,16 @@ class InputChannel:
         """The barrier of ``checkpoint_id`` arrived here: persist the buffers it overtook in the queue, then stop."""
         self.persister.stop(checkpoint_id, self.buffers_before(checkpoint_id))
 
+    def bytes_before(self, checkpoint_id: int) -> int:
+        """The bytes queued ahead of ``checkpoint_id``'s barrier marker (all queued bytes when none is queued)."""
+        n = 0
+        for item in self.items:
+            if item[0] in (PRIORITY, BARRIER) and item[1].checkpoint_id == checkpoint_id:
+                return n
+            if item[0] in DATA:
+                n += len(item[1])
+        return n
+
     def buffers_before(self, checkpoint_id: int) -> list[bytes]:
         """The queued buffers ahead of ``checkpoint_id``'s priority barrier ([] when no such barrier is queued)."""
         ahead: list[bytes] = []
@@ -108,6 +124,8 @@ class InputGate:
         self.floating_free = floating
         self.mailbox = mailbox
         self.priority: deque[tuple[int, CheckpointBarrier]] = deque()
+        self.held: set[int] = set()
+        """Checkpoints whose barriers stay at their arrival positions (over their in-flight budget)."""
         self.next_deadline: int | None = None
         """The earliest alignment deadline (epoch ms) of an aligned barrier queued in a channel, if any."""
         self._next_channel = 0
@@ -164,6 +182,9 @@ class InputGate:
                 self.mailbox.signal_locked()
 
     def _queue_priority(self, ch: InputChannel, barrier: CheckpointBarrier) -> None:
+        if barrier.checkpoint_id in self.held:
+            ch.items.append((BARRIER, barrier.as_aligned()))
+            return
         ch.items.append((PRIORITY, barrier))
         self.priority.append((ch.index, barrier))
 
@@ -186,6 +207,8 @@ class InputGate:
         for ch in self.channels:
             for pos, item in enumerate(ch.items):
                 if item[0] != BARRIER or item[1].unaligned or item[1].deadline is None:
+                    continue
+                if item[1].checkpoint_id in self.held:
                     continue
                 deadline = item[1].deadline
                 if deadline > now_ms:
@@ -293,12 +316,32 @@ class InputGate:
     def priority_done(self, index: int, barrier: CheckpointBarrier) -> None:
         """The subtask acted on the priority barrier: drop its announcement and its marker (the overtaken buffers
         stay queued and are processed as usual)."""
-        self.priority.popleft()
+        for pos, (i, b) in enumerate(self.priority):
+            if i == index and b is barrier:
+                del self.priority[pos]
+                break
         items = self.channels[index].items
         for pos, item in enumerate(items):
             if item[0] == PRIORITY and item[1] is barrier:
                 del items[pos]
                 return
+
+    def hold(self, checkpoint_id: int) -> None:
+        """The checkpoint is over its in-flight budget: its barriers no longer overtake (lock held). Queued priority
+        markers become aligned barriers where they are, their announcements are dropped, later ones queue in band."""
+        self.held = {cid for cid in self.held if cid > checkpoint_id} | {checkpoint_id}
+        for ch in self.channels:
+            for pos, item in enumerate(ch.items):
+                if item[0] == PRIORITY and item[1].checkpoint_id == checkpoint_id:
+                    ch.items[pos] = (BARRIER, item[1].as_aligned())
+        keep = [(i, b) for i, b in self.priority if b.checkpoint_id != checkpoint_id]
+        self.priority.clear()  # in place: the subtask loop holds on to this deque
+        self.priority.extend(keep)
+
+    def inflight_bytes(self, channels: set[int], checkpoint_id: int) -> int:
+        """The bytes queued in ``channels`` ahead of the checkpoint's barrier: what an unaligned checkpoint would
+        persist of them now (lock held)."""
+        return sum(self.channels[i].bytes_before(checkpoint_id) for i in channels)
 
     def prepend_recovered(self, index: int, buffers: list[bytes]) -> None:
         """Queue recovered input channel state ahead of everything the channel will receive."""

@@ -105,6 +105,10 @@ class OutputChannel:
                 overtaken.append((item[1], item[2]))
         return None
 
+    def queued_bytes(self) -> int:
+        """The bytes of the buffers queued: what a priority barrier would overtake now."""
+        return sum(len(item[1]) for item in self.queue if item[0] == _BUF)
+
     def queued_barriers(self) -> list[CheckpointBarrier]:
         return [item[1] for item in self.queue if item[0] == _EVENT]
 

@@ -96,6 +96,12 @@ class OutputPartition:
 
     # ---------------------------------------------------------------- barriers
 
+    def overtakable_bytes(self) -> int:
+        """The bytes a priority barrier sent now would overtake and persist: every queued buffer and every partly
+        filled one (lock held)."""
+        partial = sum(b.size for w in self.writers for b in w.builders)
+        return partial + sum(ch.queued_bytes() for ch in self.channels)
+
     def broadcast_barrier(self, barrier: CheckpointBarrier, priority: bool) -> None:
         """Send the barrier on every channel: at the head of each queue (``priority``; what it overtook is persisted
         for its checkpoint) or behind the queued buffers. The output side of the checkpoint's channel state ends once

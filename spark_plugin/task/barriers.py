@@ -5,6 +5,12 @@ of a newer checkpoint (or a source's trigger) starts one in the first state its 
 Every event method of a state receives the :class:`BarrierActions` it may take as an argument and returns the next
 state. States never touch sockets, buffers or the coordinator, so every transition can be driven by scripted events.
 
+**In-flight budget.** A barrier may carry the most in-flight bytes the subtask may persist for its checkpoint. The
+check comes at the moment a subtask would go unaligned (its first barrier for an unaligned checkpoint, the
+alignment timeout, an upstream's priority barrier), before the snapshot: once an unaligned snapshot is taken, every
+other channel's data up to its barrier must be persisted. Over budget, the checkpoint finishes aligned
+(:class:`CollectingAlignedOverBudget`) or is declined, as the barrier's ``over_inflight_budget`` says.
+
 Adding a barrier policy means one ``BarrierPolicy`` value (``contract.models``), one entry in :data:`FIRST_STATE`,
 and one coordinator rule (``app.domain.policies``).
 """
@@ -51,6 +57,15 @@ class BarrierActions(Protocol):
     def stop_persisting(self, channel: int, checkpoint_id: int) -> None:
         """The checkpoint's barrier arrived on ``channel``: persist what it overtook, then stop."""
 
+    def inflight_bytes(self, checkpoint_id: int, channels: set[int]) -> int:
+        """The bytes an unaligned checkpoint would persist if taken now: what ``channels`` queue ahead of its
+        barrier (and the rest of the buffer in hand from them), and every output buffer a priority barrier would
+        overtake."""
+
+    def hold_barriers(self, checkpoint_id: int, inflight_bytes: int) -> None:
+        """The checkpoint is over its in-flight budget: its barriers stop overtaking (each stays at its arrival
+        position in its channel) and it is taken aligned, its barrier sent in band."""
+
     def finish_input(self, checkpoint_id: int, last_barrier_ms: int) -> None:
         """Every input channel delivered its barrier; the input side of the channel state is complete."""
 
@@ -78,6 +93,9 @@ class BarrierState:
     def abandon(self, actions: BarrierActions, reason: str) -> BarrierState:
         return self
 
+    def maybe_done(self, actions: BarrierActions) -> BarrierState:
+        return self
+
     def deadline(self) -> int | None:
         return None
 
@@ -98,7 +116,7 @@ class CollectingBarriers(BarrierState):
         self.first_barrier_ms = first_barrier_ms
         self.arrived: set[int] = arrived if arrived is not None else set()
 
-    def begin(self, actions: BarrierActions) -> CollectingBarriers:
+    def begin(self, actions: BarrierActions) -> BarrierState:
         """The checkpoint starts (its first barrier arrived, before it is received on its channel)."""
         return self
 
@@ -108,6 +126,26 @@ class CollectingBarriers(BarrierState):
 
     def all_arrived(self, actions: BarrierActions) -> bool:
         return self.arrived >= actions.live_channels()
+
+    def over_budget(self, actions: BarrierActions, channels: set[int]) -> BarrierState | None:
+        """About to go unaligned with ``channels`` still to persist: None when within the in-flight budget, else the
+        next state (aligned to the end, or none: the checkpoint is declined)."""
+        budget = self.barrier.inflight_budget
+        if budget is None:
+            return None
+        inflight = actions.inflight_bytes(self.checkpoint_id, channels)
+        if not self.barrier.over_budget(inflight):
+            return None
+        if self.barrier.over_inflight_budget == "abort":
+            actions.unblock_all()
+            actions.abort(
+                self.checkpoint_id,
+                f"{inflight} bytes in flight would pass the checkpoint's in-flight budget of {budget} bytes "
+                "(over_inflight_budget=abort); raise the budget or let the checkpoint finish aligned",
+            )
+            return WAITING
+        actions.hold_barriers(self.checkpoint_id, inflight)
+        return CollectingAlignedOverBudget(self.barrier.as_aligned(), self.first_barrier_ms, set(self.arrived))
 
 
 class CollectingAligned(CollectingBarriers):
@@ -150,8 +188,12 @@ class CollectingAligned(CollectingBarriers):
         actions.abort(self.checkpoint_id, reason)
         return WAITING
 
-    def _switch(self, actions: BarrierActions) -> CollectingUnaligned:
-        """Turn this alignment unaligned on the spot: the blocked channels need nothing persisted."""
+    def _switch(self, actions: BarrierActions) -> BarrierState:
+        """Turn this alignment unaligned on the spot: the blocked channels need nothing persisted (unless the rest is
+        over the in-flight budget)."""
+        fallback = self.over_budget(actions, actions.live_channels() - self.arrived)
+        if fallback is not None:
+            return fallback
         barrier = self.barrier.as_unaligned()
         actions.snapshot(barrier, True, self.first_barrier_ms)
         actions.forward_barrier(barrier, priority=True)
@@ -159,6 +201,25 @@ class CollectingAligned(CollectingBarriers):
         for ch in sorted(actions.live_channels() - self.arrived):
             actions.start_persisting(ch, self.checkpoint_id)
         return CollectingUnaligned(barrier, self.first_barrier_ms, set(self.arrived))
+
+
+class CollectingAlignedOverBudget(CollectingAligned):
+    """Aligned because going unaligned would pass the in-flight budget: nothing is persisted, nothing switches.
+
+    Barriers of the checkpoint stay at their arrival positions in their channels (``hold_barriers``): a priority
+    barrier that still reaches the state is one announced before the hold, whose marker now waits in band; the
+    channel blocks when the subtask reaches it."""
+
+    def barrier_received(self, actions: BarrierActions, channel: int, barrier: CheckpointBarrier) -> BarrierState:
+        if barrier.unaligned:
+            return self  # its marker is back at its arrival position: the channel blocks when it gets there
+        return super().barrier_received(actions, channel, barrier)
+
+    def switch_to_unaligned(self, actions: BarrierActions) -> BarrierState:
+        return self
+
+    def maybe_done(self, actions: BarrierActions) -> BarrierState:
+        return self._complete(actions) if self.all_arrived(actions) else self
 
 
 class CollectingAlignedUntilTimeout(CollectingAligned):
@@ -181,7 +242,10 @@ class CollectingUnaligned(CollectingBarriers):
     def __init__(self, barrier: CheckpointBarrier, first_barrier_ms: int, arrived: set[int] | None = None) -> None:
         super().__init__(barrier.as_unaligned(), first_barrier_ms, arrived)
 
-    def begin(self, actions: BarrierActions) -> CollectingBarriers:
+    def begin(self, actions: BarrierActions) -> BarrierState:
+        fallback = self.over_budget(actions, actions.live_channels())
+        if fallback is not None:
+            return fallback
         actions.snapshot(self.barrier, True, self.first_barrier_ms)
         actions.forward_barrier(self.barrier, priority=True)
         for ch in sorted(actions.live_channels()):
@@ -189,6 +253,11 @@ class CollectingUnaligned(CollectingBarriers):
         return self
 
     def trigger(self, actions: BarrierActions) -> None:
+        fallback = self.over_budget(actions, set())
+        if fallback is not None:
+            if isinstance(fallback, CollectingBarriers):
+                fallback.trigger(actions)
+            return
         now = actions.now_ms()
         actions.snapshot(self.barrier, True, now)
         actions.forward_barrier(self.barrier, priority=True)

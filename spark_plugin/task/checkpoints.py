@@ -44,6 +44,8 @@ class PendingCheckpoint:
     processed_bytes: int = 0
     during_recovery: bool = False
     """Snapshotted while the subtask still replayed restored in-flight data."""
+    over_budget: int | None = None
+    """Taken aligned over its in-flight budget: the in-flight bytes seen when it would have gone unaligned."""
 
 
 def _whole(result: ChannelStateResult) -> tuple[bytes | None, list[ChannelSegment]]:
@@ -82,6 +84,7 @@ class CheckpointController:
         persisted as that checkpoint's channel state, by the same persisters and partition as any in-flight data)."""
         self.pending: dict[int, PendingCheckpoint] = {}
         self._bytes_at_first_barrier: dict[int, int] = {}
+        self._over_budget: dict[int, int] = {}
         self.aborted_by_coordinator: set[int] = set()
         self.log: list[dict] = []
 
@@ -109,6 +112,7 @@ class CheckpointController:
         with self.lock:
             self.writer.start(cid)
         now = self.now_ms()
+        over_budget = self._over_budget.pop(cid, None)
         self.pending[cid] = PendingCheckpoint(
             barrier=barrier,
             operator_state=operator_state,
@@ -121,6 +125,8 @@ class CheckpointController:
             switched_ms=now if unaligned and barrier.deadline is not None else None,
             backpressured=not self.partition.available(),
             during_recovery=self.gate.recovering,
+            over_budget=over_budget,
+            converted=over_budget is not None,  # its barrier stays in band: its output never switches
         )
 
     def forward_barrier(self, barrier: CheckpointBarrier, priority: bool) -> None:
@@ -142,6 +148,17 @@ class CheckpointController:
     def stop_persisting(self, channel: int, checkpoint_id: int) -> None:
         with self.lock:
             self.gate.channels[channel].checkpoint_stopped(checkpoint_id)
+
+    def inflight_bytes(self, checkpoint_id: int, channels: set[int]) -> int:
+        with self.lock:
+            queued = self.gate.inflight_bytes(channels, checkpoint_id) + self.partition.overtakable_bytes()
+            in_hand = sum(len(self._in_hand(ch) or b"") for ch in channels)
+        return queued + in_hand
+
+    def hold_barriers(self, checkpoint_id: int, inflight_bytes: int) -> None:
+        self._over_budget[checkpoint_id] = inflight_bytes
+        with self.lock:
+            self.gate.hold(checkpoint_id)
 
     def finish_input(self, checkpoint_id: int, last_barrier_ms: int) -> None:
         p = self.pending.get(checkpoint_id)
@@ -170,6 +187,7 @@ class CheckpointController:
     def drop(self, checkpoint_id: int, reason: str) -> None:
         self.pending.pop(checkpoint_id, None)
         self._bytes_at_first_barrier.pop(checkpoint_id, None)
+        self._over_budget.pop(checkpoint_id, None)
         with self.lock:
             self.writer.abort(checkpoint_id)
             for ch in self.gate.channels:
@@ -229,7 +247,8 @@ class CheckpointController:
                  "segments": len(result.segments), "policy": p.barrier.policy.value,
                  "trigger_timestamp": p.barrier.trigger_timestamp, "alignment_timeout": p.barrier.alignment_timeout,
                  "snapshot_ms": p.snapshot_ms, "switched_ms": p.switched_ms, "backpressured": p.backpressured,
-                 "during_recovery": p.during_recovery}
+                 "during_recovery": p.during_recovery,
+                 "inflight_budget": p.barrier.inflight_budget, "over_budget": p.over_budget}
             )
             self.ack_worker.submit(
                 CheckpointUpload(

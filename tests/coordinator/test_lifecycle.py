@@ -136,6 +136,16 @@ async def test_completion_subsumes_older_pending_checkpoints_but_not_savepoints(
     assert (await api.checkpoint(job["id"], sp["id"]))["status"] == "COMPLETED"
 
 
+async def test_the_trigger_carries_each_subtasks_share_of_the_inflight_budget_and_what_to_do_over_it(api):
+    job = await api.job(policy="unaligned", max_inflight_bytes=4096, max_inflight_bytes_per_subtask=2048,
+                        over_inflight_budget="abort")
+    await api.trigger(job["id"])
+    await api.client.post(f"/api/v1/jobs/{job['id']}/savepoints", json={})
+    triggered = [e["data"] for e in await api.events(job["id"]) if e["type"] == "checkpoint.triggered"]
+    assert (triggered[0]["inflight_budget"], triggered[0]["over_inflight_budget"]) == (1024, "abort")  # 4 subtasks
+    assert triggered[1]["is_savepoint"] and triggered[1]["inflight_budget"] is None  # aligned: nothing in flight
+
+
 async def test_savepoints_are_aligned_and_bypass_max_concurrent(api):
     job = await api.job(policy="unaligned")
     await api.trigger(job["id"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.domain.policies import POLICY_RULES, barrier_plan
+from app.domain.policies import POLICY_RULES, barrier_plan, inflight_budget
 from contract.models import BarrierPolicy, CheckpointConfig
 
 
@@ -78,3 +78,16 @@ def test_adaptive_plans_carry_the_chosen_policy_and_the_budget_as_alignment_time
     # no alignment_timeout: the default budget, never more than half the checkpoint timeout
     short = barrier_plan(BarrierPolicy.adaptive, CheckpointConfig(policy="adaptive", timeout=400))
     assert short.alignment_timeout == 200
+
+
+def test_the_inflight_budget_of_a_subtask_is_the_smaller_of_its_own_and_its_share_of_the_jobs():
+    cfg = CheckpointConfig(policy="unaligned", max_inflight_bytes_per_subtask=1000, max_inflight_bytes=6000)
+    assert inflight_budget(BarrierPolicy.unaligned, cfg, 4) == 1000
+    assert inflight_budget(BarrierPolicy.unaligned, cfg, 10) == 600
+    assert inflight_budget(BarrierPolicy.aligned_then_unaligned, CheckpointConfig(max_inflight_bytes=700), 2) == 350
+
+
+def test_no_budget_configured_or_an_aligned_checkpoint_has_no_inflight_budget():
+    assert inflight_budget(BarrierPolicy.unaligned, CheckpointConfig(policy="unaligned"), 4) is None
+    cfg = CheckpointConfig(policy="unaligned", max_inflight_bytes_per_subtask=1000)
+    assert inflight_budget(BarrierPolicy.aligned, cfg, 4) is None  # a savepoint, or a trigger asking aligned

@@ -54,12 +54,13 @@ def checkpoint_config(policy: str) -> CheckpointConfig:
     )
 
 
-def run_with_kills(spark, coordinator, name: str, policy: str, sink, pid_dir, seed: int, count: int):
+def run_with_kills(spark, coordinator, name: str, policy: str, sink, pid_dir, seed: int, count: int,
+                   config: CheckpointConfig | None = None):
     pid_dir.mkdir()
     pipeline = keyed_counter(name, count, sink, pid_dir, held=True)
     with WorkerKiller(pid_dir, TASKS, KILLS, seed) as killer:
         result = Supervisor(pipeline, FixedDelay(max_restarts=KILLS + 3, delay=0.2)).run(
-            spark, coordinator.url, checkpoint=checkpoint_config(policy), network=SMALL_BUFFERS
+            spark, coordinator.url, checkpoint=config or checkpoint_config(policy), network=SMALL_BUFFERS
         )
     assert result.status == "finished"
     assert len(killer.killed) == KILLS, f"only {len(killer.killed)} of {KILLS} kills landed before the run ended"
@@ -106,6 +107,22 @@ def test_killed_subtasks_leave_file_output_exactly_once_adaptive(spark, coordina
     with OvertakeClient(coordinator.url) as client:
         taken = [c for c in client.list_checkpoints(result.job_id, limit=1000).items if not c.is_savepoint]
     assert taken and all(c.decision is not None and c.decision.chosen == c.policy for c in taken)
+
+
+def test_killed_subtasks_with_an_inflight_budget_leave_file_output_exactly_once(spark, coordinator, tmp_path):
+    # a budget of a few buffers: under backpressure some subtasks fall back to aligned, others stay unaligned
+    out = tmp_path / "out"
+    config = checkpoint_config("unaligned").model_copy(update={"max_inflight_bytes_per_subtask": 4096})
+    result = run_with_kills(
+        spark, coordinator, "kill-budget", "unaligned", FileSink(str(out)), tmp_path / "pids", 31, COUNT, config
+    )
+    assert any(r.restored is not None for r in result.restarts), "no restart restored a checkpoint"
+    with OvertakeClient(coordinator.url) as client:
+        done = [c for c in client.list_checkpoints(result.job_id, limit=1000).items if c.status.value == "COMPLETED"]
+        modes = {st.unaligned for c in done for st in client.get_checkpoint(result.job_id, c.id).subtasks}
+    assert modes == {True, False}, f"subtask acks were only {'un' if True in modes else ''}aligned: no mix to test"
+    check_exactly_once(file_rows(out), COUNT)
+    assert not list((out / ".pending").iterdir())
 
 
 def test_exhausted_restarts_fail_the_job_naming_the_checkpoint_to_resume_from(spark, coordinator, tmp_path):

@@ -17,6 +17,8 @@ class RecordingActions:
         self.now = now
         self.channels = channels
         self.ended: set[int] = set()
+        self.inflight: dict[int, int] = {}
+        """Bytes each input channel queues ahead of its barrier (-1: the output side), for the in-flight budget."""
 
     def live_channels(self) -> set[int]:
         return set(range(self.channels)) - self.ended
@@ -49,6 +51,12 @@ class RecordingActions:
 
     def finish_input(self, checkpoint_id: int, last_barrier_ms: int) -> None:
         self.calls.append(("finish_input", checkpoint_id))
+
+    def inflight_bytes(self, checkpoint_id: int, channels: set[int]) -> int:
+        return self.inflight.get(-1, 0) + sum(self.inflight.get(ch, 0) for ch in channels)
+
+    def hold_barriers(self, checkpoint_id: int, inflight_bytes: int) -> None:
+        self.calls.append(("hold", checkpoint_id, inflight_bytes))
 
     def abort(self, checkpoint_id: int, reason: str) -> None:
         self.calls.append(("abort", checkpoint_id, reason))
@@ -96,7 +104,10 @@ class InMemoryCoordinator:
         for s in self.streams:
             s.queue.put(payload)
 
-    def trigger(self, checkpoint_id: int, policy: str = "aligned", alignment_timeout=None, now=None) -> None:
+    def trigger(
+        self, checkpoint_id: int, policy: str = "aligned", alignment_timeout=None, now=None, **budget
+    ) -> None:
+        """``budget``: ``inflight_budget`` and ``over_inflight_budget`` as the coordinator would send them."""
         import time
 
         self.next_id = max(self.next_id, checkpoint_id + 1)
@@ -108,6 +119,7 @@ class InMemoryCoordinator:
                 policy=policy,
                 alignment_timeout=alignment_timeout,
                 trigger_timestamp=now if now is not None else int(time.time() * 1000),
+                **budget,
             )
         )
 

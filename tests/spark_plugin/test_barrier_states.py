@@ -6,6 +6,7 @@ from spark_plugin.task.barriers import (
     BarrierHandler,
     CheckpointBarrier,
     CollectingAligned,
+    CollectingAlignedOverBudget,
     CollectingAlignedUntilTimeout,
     CollectingUnaligned,
     WaitingForFirstBarrier,
@@ -247,3 +248,98 @@ def test_source_ignores_a_trigger_of_an_aborted_checkpoint():
     h.on_abort(3, "declined")
     h.on_trigger(aligned(3))
     assert a.take() == []
+
+
+# ------------------------------------------------------------------------------------------------ in-flight budget
+
+
+def budgeted(cid: int, budget: int, over: str = "align", **kw) -> CheckpointBarrier:
+    fields = {"policy": "unaligned", "unaligned": True} | kw
+    return CheckpointBarrier(cid, trigger_timestamp=1_000, inflight_budget=budget, over_inflight_budget=over, **fields)
+
+
+def test_unaligned_within_its_inflight_budget_is_taken_unaligned():
+    h, a = handler(2)
+    a.inflight = {0: 100, 1: 100, -1: 50}
+    h.on_barrier(1, budgeted(1, 250))
+    assert a.take() == [
+        ("snapshot", 1, True), ("forward", 1, True), ("record", 0, 1), ("record", 1, 1), ("stop_record", 1),
+    ]
+
+
+def test_unaligned_over_its_inflight_budget_holds_the_barriers_and_finishes_aligned():
+    h, a = handler(2)
+    a.inflight = {0: 100, 1: 100, -1: 51}
+    h.on_barrier(1, budgeted(1, 250))
+    assert a.take() == [("hold", 1, 251)]  # no snapshot, nothing persisted; the announced barrier waits in band
+    assert isinstance(h.state, CollectingAlignedOverBudget)
+    h.on_barrier(1, budgeted(1, 250).as_aligned())  # the subtask reached the held marker in channel 1
+    assert a.take() == [("block", 1)]
+    h.on_barrier(0, budgeted(1, 250).as_aligned())
+    assert a.take() == [("snapshot", 1, False), ("forward", 1, False), ("unblock_all",), ("finish_input", 1)]
+    assert isinstance(h.state, WaitingForFirstBarrier)
+
+
+def test_over_budget_ignores_priority_announcements_and_the_coordinators_switch():
+    h, a = handler(2)
+    a.inflight = {0: 1_000}
+    h.on_barrier(1, budgeted(1, 10, policy="aligned_then_unaligned", alignment_timeout=0))
+    a.take()
+    h.on_barrier(0, budgeted(1, 10))  # an announcement that raced the hold
+    h.on_switch_to_unaligned(1)
+    h.on_timer(10_000)
+    assert a.take() == []
+    assert isinstance(h.state, CollectingAlignedOverBudget)
+
+
+def test_over_budget_with_abort_declines_the_checkpoint_naming_bytes_and_budget():
+    h, a = handler(2)
+    a.inflight = {0: 300}
+    h.on_barrier(1, budgeted(1, 250, over="abort"))
+    calls = a.take()
+    assert calls[0] == ("unblock_all",)
+    assert calls[1][:2] == ("abort", 1) and "300 bytes" in calls[1][2] and "budget of 250 bytes" in calls[1][2]
+    assert calls[2:] == []
+    h.on_barrier(0, budgeted(1, 250, over="abort"))  # its other barriers are late
+    assert a.take() == []
+
+
+def test_alignment_timeout_over_budget_stays_aligned_counting_only_channels_still_aligning():
+    h, a = handler(3)
+    a.inflight = {0: 5_000, 1: 10, 2: 10}
+    barrier = budgeted(1, 100, policy="aligned_then_unaligned", alignment_timeout=500, unaligned=False)
+    h.on_barrier(0, barrier)  # channel 0 is blocked: what it queues is after the cut and never persisted
+    a.take()
+    h.on_timer(1_500)
+    assert a.take()[0] == ("snapshot", 1, True)  # 20 bytes in channels 1 and 2: within the budget, it switches
+
+    h2, a2 = handler(3)
+    a2.inflight = {0: 10, 1: 500, 2: 10}
+    h2.on_barrier(0, barrier)
+    a2.take()
+    h2.on_timer(1_500)
+    assert a2.take() == [("hold", 1, 510)]
+    assert isinstance(h2.state, CollectingAlignedOverBudget)
+    h2.on_barrier(1, barrier)
+    h2.on_barrier(2, barrier)
+    assert a2.take() == [
+        ("block", 1), ("snapshot", 1, False), ("forward", 1, False), ("unblock_all",), ("finish_input", 1),
+    ]
+
+
+def test_upstream_priority_barrier_over_budget_keeps_the_alignment():
+    h, a = handler(2)
+    a.inflight = {1: 400}
+    h.on_barrier(0, budgeted(1, 100, policy="aligned_then_unaligned", alignment_timeout=500, unaligned=False))
+    a.take()
+    h.on_barrier(1, budgeted(1, 100, policy="aligned_then_unaligned", alignment_timeout=500))
+    assert a.take() == [("hold", 1, 400)]
+    h.on_barrier(1, budgeted(1, 100, policy="aligned_then_unaligned", alignment_timeout=500, unaligned=False))
+    assert a.take() == [("snapshot", 1, False), ("forward", 1, False), ("unblock_all",), ("finish_input", 1)]
+
+
+def test_source_over_budget_sends_its_barrier_in_band():
+    h, a = handler(0)
+    a.inflight = {-1: 4_096}
+    h.on_trigger(CheckpointBarrier(2, 1_000, "unaligned", inflight_budget=1_024))
+    assert a.take() == [("hold", 2, 4_096), ("snapshot", 2, False), ("forward", 2, False), ("finish_input", 2)]

@@ -1017,6 +1017,23 @@ export interface components {
              * @default false
              */
             incremental_channel_state: boolean;
+            /**
+             * Max Inflight Bytes Per Subtask
+             * @description In-flight budget: the most bytes of in-flight data one subtask persists for one unaligned checkpoint; a subtask that would pass it takes that checkpoint aligned (see over_inflight_budget). Null: no limit.
+             */
+            max_inflight_bytes_per_subtask?: number | null;
+            /**
+             * Max Inflight Bytes
+             * @description In-flight budget of the whole job per checkpoint, shared equally by its subtasks (each gets the smaller of this divided by the number of subtasks and max_inflight_bytes_per_subtask). Null: no limit.
+             */
+            max_inflight_bytes?: number | null;
+            /**
+             * Over Inflight Budget
+             * @description What a subtask does when the in-flight data it would persist passes its budget: 'align' (takes the checkpoint aligned, persisting nothing) or 'abort' (declines the checkpoint).
+             * @default align
+             * @enum {string}
+             */
+            over_inflight_budget: "align" | "abort";
         };
         /** CheckpointCounts */
         CheckpointCounts: {
