@@ -17,9 +17,10 @@ from tests.recovery.test_subtask_failures import COUNT, KILLS, TASKS, file_rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-# Deep output queues and a slower count than the other failure tests: the queues take longer to turn over than
-# the checkpoint interval, so consecutive checkpoints find the same buffers in flight (sustained backpressure).
-DEEP_QUEUES = NetworkConfig(buffer_size=1024, max_buffers_per_output_channel=40)
+# Deep queues and a slower count than the other failure tests: the queues take longer to turn over than the
+# checkpoint interval, so consecutive checkpoints find the same buffers in flight (sustained backpressure). Senders
+# hold no more than their receivers' credit plus one buffer, so the depth comes from the receivers' buffers.
+DEEP_QUEUES = NetworkConfig(buffer_size=1024, exclusive_buffers_per_channel=16, max_buffers_per_output_channel=40)
 DELAY = 0.001
 
 
