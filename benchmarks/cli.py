@@ -23,7 +23,7 @@ Scenarios (default: all):
   budget       12. checkpoint duration and persisted in-flight bytes of unaligned checkpoints without a budget and
                    with in-flight budgets of 64 KiB and 256 KiB per subtask, depths 1 and 2 (budget.md;
                    benchmarks/budget.py)
-  concurrent   13. concurrent unaligned checkpoints: max_concurrent 1 against 2 with a 200 ms interval under
+  concurrent   13. concurrent unaligned checkpoints: max_concurrent 1 against 2 with a 20 ms interval under
                    backpressure: checkpoints completed per minute, duration p50, aborted (concurrent.md;
                    benchmarks/concurrent.py)
 """

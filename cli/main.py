@@ -469,7 +469,7 @@ def bench(
             "incremental (11. bytes written per checkpoint under "
             "sustained backpressure, incremental channel state off and on), budget (12. checkpoint duration and persisted "
             "in-flight bytes without and with an in-flight budget per subtask), concurrent (13. concurrent unaligned "
-            "checkpoints: max_concurrent 1 against 2 with a 200 ms interval under backpressure).",
+            "checkpoints: max_concurrent 1 against 2 with a 20 ms interval under backpressure).",
             show_default=False,
         ),
     ] = None,

@@ -28,9 +28,9 @@ def test_a_run_with_nothing_completed_has_no_percentiles():
     assert (x["per_minute"], x["duration_p50"]) == (0.0, None)
 
 
-def test_the_runs_are_max_concurrent_1_then_2_every_200_ms():
+def test_the_runs_are_max_concurrent_1_then_2_every_20_ms_at_depth_2():
     s = concurrent.Settings.quick_settings()
-    assert (s.concurrency, s.interval_ms, s.quick) == ((1, 2), 200, True)
+    assert (s.concurrency, s.interval_ms, s.depth, s.quick) == ((1, 2), 20, 2, True)
 
 
 def test_the_report_has_one_row_per_max_concurrent_and_its_json_the_summary(tmp_path):
