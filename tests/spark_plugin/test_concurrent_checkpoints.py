@@ -203,3 +203,35 @@ def test_two_checkpoints_in_flight_each_record_exactly_their_buffers_and_are_con
         persisted = [r for bs in inflight.values() for buf in bs for r in decode_records(buf)]
         assert sorted(state + persisted) == cut  # a consistent cut: what came before its barriers, each record once
     assert sorted(st.chain.operators[-1].sink.records) == everything
+
+
+def ready(st, cid: int) -> None:
+    with st.lock:
+        st.writer.finish_input(cid)
+        st.writer.finish_output(cid)
+
+
+def test_a_newer_concurrent_checkpoint_ready_first_waits_for_the_older_one_to_be_handed_over():
+    coord = InMemoryCoordinator()
+    st = two_input_subtask(coord)
+    for cid in (1, 2):
+        st.checkpoints.snapshot(unaligned(cid), True, 1_000)
+    ready(st, 2)
+    st.checkpoints.hand_over_ready()
+    assert sorted(st.checkpoints.pending) == [1, 2]  # 2 is complete, but 1 is acknowledged first
+    ready(st, 1)
+    st.checkpoints.hand_over_ready()
+    st.ack_worker.close()
+    assert st.checkpoints.pending == {} and sorted(coord.acks) == [1, 2]
+    assert [e["checkpoint_id"] for e in st.checkpoints.log] == [1, 2]
+
+
+def test_one_at_a_time_checkpoints_are_handed_over_as_they_are_ready():
+    coord = InMemoryCoordinator()
+    st = two_input_subtask(coord)
+    for cid in (1, 2):
+        st.checkpoints.snapshot(unaligned(cid, max_concurrent=1), True, 1_000)
+    ready(st, 2)
+    st.checkpoints.hand_over_ready()
+    assert sorted(st.checkpoints.pending) == [1]
+    st.ack_worker.close()
