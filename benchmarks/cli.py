@@ -23,6 +23,9 @@ Scenarios (default: all):
   budget       12. checkpoint duration and persisted in-flight bytes of unaligned checkpoints without a budget and
                    with in-flight budgets of 64 KiB and 256 KiB per subtask, depths 1 and 2 (budget.md;
                    benchmarks/budget.py)
+  concurrent   13. concurrent unaligned checkpoints: max_concurrent 1 against 2 with a 20 ms interval under
+                   backpressure: checkpoints completed per minute, duration p50, aborted (concurrent.md;
+                   benchmarks/concurrent.py)
 """
 
 from __future__ import annotations
@@ -54,10 +57,11 @@ SCENARIOS = {
     "recovery-checkpoints": "10. the first checkpoint after a restore, with checkpoints during recovery or without",
     "incremental": "11. incremental channel state under sustained backpressure",
     "budget": "12. in-flight budget: duration and persisted bytes against the budget",
+    "concurrent": "13. concurrent unaligned checkpoints: max_concurrent 1 against 2",
 }
 _ALIASES = {"1": "checkpoints", "2": "throughput-bp", "3": "throughput", "4": "disk", "5": "acks", "6": "timers",
             "7": "state", "8": "inflight", "9": "adaptive", "10": "recovery-checkpoints",
-            "11": "incremental", "12": "budget"}
+            "11": "incremental", "12": "budget", "13": "concurrent"}
 
 
 class BenchUsageError(ValueError):
@@ -194,6 +198,14 @@ def budget_settings_from(args: BenchArgs) -> Any:
     return budget.Settings.quick_settings(**over) if args.quick else budget.Settings(**over)
 
 
+def concurrent_settings_from(args: BenchArgs) -> Any:
+    """Scenario 13's settings: ``--seconds`` when given, ``--quick``."""
+    from benchmarks import concurrent
+
+    over: dict[str, Any] = {"seconds": args.seconds} if args.seconds else {}
+    return concurrent.Settings.quick_settings(**over) if args.quick else concurrent.Settings(**over)
+
+
 def _start_spark(tasks: int) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -229,12 +241,15 @@ def main(args: BenchArgs) -> int:
     load0 = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     chosen = args.chosen
     need_spark = any(c in chosen for c in ("checkpoints", "throughput-bp", "throughput", "state", "inflight",
-                                           "adaptive", "incremental", "recovery-checkpoints", "budget"))
+                                           "adaptive", "incremental", "recovery-checkpoints", "budget",
+                                           "concurrent"))
     inflight_settings = inflight_settings_from(args)
     budget_settings = budget_settings_from(args)
+    concurrent_settings = concurrent_settings_from(args)
     spark_tasks = max(spark_tasks_needed(s), inflight_settings.spark_tasks() if "inflight" in chosen else 0,
                       _adaptive_tasks(args), _recovery_checkpoint_tasks(args),
-                      s.parallelism * (max(budget_settings.depths) + 1) if "budget" in chosen else 0)
+                      s.parallelism * (max(budget_settings.depths) + 1) if "budget" in chosen else 0,
+                      s.parallelism * (concurrent_settings.depth + 1) if "concurrent" in chosen else 0)
     runs_1 = [(p, d) for d in s.depths for p in s.policies] if "checkpoints" in chosen else []
     if "throughput-bp" in chosen and not runs_1:
         runs_1 = [(p, min(s.depths)) for p in s.policies]
@@ -247,6 +262,7 @@ def main(args: BenchArgs) -> int:
         steps += len(inflight_settings.depths) * len(inflight.sizings())
     steps += ("adaptive" in chosen) + ("incremental" in chosen) + ("recovery-checkpoints" in chosen)
     steps += len(budget_settings.runs()) if "budget" in chosen else 0
+    steps += len(concurrent_settings.concurrency) if "concurrent" in chosen else 0
     steps += 2 if need_spark else 0
     steps += len(s.depths) if "checkpoints" in chosen else 0
 
@@ -385,6 +401,18 @@ def main(args: BenchArgs) -> int:
                     budget.write(budget_runs, budget_settings, out, results.command, machine)
 
                 budget.measure(runner, budget_settings, budget_done, into=budget_runs)
+            if "concurrent" in chosen:
+                from benchmarks import concurrent
+
+                status("", SCENARIOS["concurrent"])
+                machine = ", ".join(f"{k}: {v}" for k, v in results.machine.items())
+                concurrent_runs: list[Any] = []
+
+                def concurrent_done(x: Any) -> None:
+                    done(f"{x.label}: {concurrent.headline(x)}")
+                    concurrent.write(concurrent_runs, concurrent_settings, out, results.command, machine)
+
+                concurrent.measure(runner, concurrent_settings, concurrent_done, into=concurrent_runs)
             if coordinator is not None:
                 coordinator.stop()
                 coordinator = None

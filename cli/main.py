@@ -450,6 +450,7 @@ class Scenario(str, Enum):
     recovery_checkpoints = "recovery-checkpoints"
     incremental = "incremental"
     budget = "budget"
+    concurrent = "concurrent"
 
 
 @app.command()
@@ -467,7 +468,8 @@ def bench(
             "checkpoint after a restore with large in-flight state, with and without checkpoints during recovery), "
             "incremental (11. bytes written per checkpoint under "
             "sustained backpressure, incremental channel state off and on), budget (12. checkpoint duration and persisted "
-            "in-flight bytes without and with an in-flight budget per subtask).",
+            "in-flight bytes without and with an in-flight budget per subtask), concurrent (13. concurrent unaligned "
+            "checkpoints: max_concurrent 1 against 2 with a 20 ms interval under backpressure).",
             show_default=False,
         ),
     ] = None,
@@ -480,7 +482,7 @@ def bench(
     seconds: Annotated[
         float | None,
         typer.Option(help="Length of each backpressured run (scenarios 1-2), timers run (6), policy run (9) and "
-                     "incremental run (11).", min=1,
+                     "incremental run (11), and each concurrent run (13).", min=1,
                      show_default=False),
     ] = None,
     depths: Annotated[

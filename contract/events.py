@@ -52,6 +52,11 @@ class CheckpointTriggered(EventPayload):
         "takes the checkpoint aligned or declines it (over_inflight_budget). None: no limit.",
     )
     over_inflight_budget: OverInflightBudget = "align"
+    max_concurrent: int = Field(
+        default=1,
+        description="The job's checkpoint.max_concurrent: above 1, subtasks keep several unaligned checkpoints in "
+        "progress at once (each with its own channel-state recording) and acknowledge them in id order.",
+    )
     timeout_at: int | None = None
     is_savepoint: bool = False
     stop: bool = Field(default=False, description="A savepoint that stops the job once it completes.")

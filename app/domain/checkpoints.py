@@ -186,6 +186,7 @@ async def trigger(
             trigger_timestamp=now,
             inflight_budget=inflight_budget(plan.policy, cfg, job.num_subtasks),
             over_inflight_budget=cfg.over_inflight_budget,
+            max_concurrent=cfg.max_concurrent,
             timeout_at=cp.timeout_at,
             is_savepoint=savepoint,
             stop=stop,

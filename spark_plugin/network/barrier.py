@@ -20,6 +20,10 @@ class CheckpointBarrier:
     ``inflight_budget`` travels with it so every subtask knows the most in-flight bytes it may persist for the
     checkpoint; one that would persist more takes it aligned (``over_inflight_budget`` "align") or declines it
     ("abort").
+
+    ``max_concurrent`` is the job's limit on pending checkpoints: above 1, a subtask keeps an older unaligned
+    checkpoint going when a newer unaligned barrier arrives (up to that many at once) instead of declining it. It is
+    left off the wire at 1, so barriers of one-at-a-time jobs encode as before.
     """
 
     checkpoint_id: int
@@ -30,6 +34,7 @@ class CheckpointBarrier:
     unaligned: bool = False
     inflight_budget: int | None = None
     over_inflight_budget: str = "align"
+    max_concurrent: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy, BarrierPolicy):
@@ -55,6 +60,7 @@ class CheckpointBarrier:
             is_savepoint=trigger.is_savepoint,
             inflight_budget=trigger.inflight_budget,
             over_inflight_budget=trigger.over_inflight_budget,
+            max_concurrent=trigger.max_concurrent,
         )
 
     @property
@@ -83,6 +89,8 @@ class CheckpointBarrier:
     def encode(self) -> bytes:
         d = asdict(self)
         d["policy"] = self.policy.value
+        if self.max_concurrent == 1:
+            del d["max_concurrent"]
         return json.dumps(d).encode()
 
     @classmethod

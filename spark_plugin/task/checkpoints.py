@@ -226,10 +226,19 @@ class CheckpointController:
         """Once the checkpoint's object is written, the writer learns where its buffers lie."""
         return lambda key, whole: self.writer.written(cid, key, result.whole() if whole else result)
 
+    def _in_order(self, ready: list[int]) -> list[int]:
+        """Concurrent checkpoints are acknowledged in id order: a ready one of a job with ``max_concurrent`` > 1
+        waits while an older one is still pending here (one-at-a-time jobs hand over whatever is ready)."""
+        oldest_waiting = min((cid for cid in self.pending if cid not in ready), default=None)
+        return [
+            cid for cid in ready
+            if oldest_waiting is None or cid < oldest_waiting or self.pending[cid].barrier.max_concurrent <= 1
+        ]
+
     def hand_over_ready(self) -> None:
         """Every checkpoint whose channel state is complete goes to the ack worker, oldest first."""
         with self.lock:
-            ready = [cid for cid in self.writer.ready() if cid in self.pending]
+            ready = self._in_order([cid for cid in self.writer.ready() if cid in self.pending])
             results = [self.writer.take(cid) for cid in ready]
         for cid, result in zip(ready, results, strict=True):
             p = self.pending.pop(cid)
