@@ -51,6 +51,10 @@ class BarrierActions(Protocol):
     def unblock_all(self) -> None:
         """Resume consuming every channel."""
 
+    def block_overtaken(self, channel: int, checkpoint_id: int) -> None:
+        """Stop consuming ``channel`` at once: the buffers its priority barrier overtook stay queued, unprocessed,
+        until the snapshot persists them (last-barrier checkpoints)."""
+
     def start_persisting(self, channel: int, checkpoint_id: int) -> None:
         """Persist the in-flight data of ``channel`` for the checkpoint until its barrier arrives there."""
 
@@ -288,9 +292,71 @@ class CollectingUnaligned(CollectingBarriers):
         return WAITING
 
 
+class CollectingLastBarrier(CollectingBarriers):
+    """unaligned_last_barrier: barriers overtake, the snapshot waits for the last one.
+
+    A priority barrier blocks its channel at once: the buffers it overtook in the channel's queue stay there,
+    unprocessed. A barrier that comes in band (from an upstream that forwarded it so) blocks its channel where it
+    is, everything before it processed. Channels without a barrier keep being processed. When the last barrier
+    arrives the subtask snapshots, persists what each priority barrier overtook (and the unread rest of the buffer
+    in hand, which came from one of those channels) as input channel state, forwards its barrier *in band* and
+    unblocks: every record it emitted before the snapshot reaches its consumers ahead of the barrier and is
+    processed there, so none of its outputs is persisted; only the inputs its barriers overtook are. A source
+    (``trigger``) forwards with priority: its barrier overtakes its output queue, which it persists."""
+
+    def __init__(self, barrier: CheckpointBarrier, first_barrier_ms: int, arrived: set[int] | None = None) -> None:
+        super().__init__(barrier, first_barrier_ms, arrived)
+        self.overtook: set[int] = set()
+        """Channels whose barrier came with priority: what it overtook is persisted at the snapshot."""
+
+    def trigger(self, actions: BarrierActions) -> None:
+        now = actions.now_ms()
+        barrier = self.barrier.as_unaligned()
+        actions.snapshot(barrier, True, now)
+        actions.forward_barrier(barrier, priority=True)
+        actions.finish_input(self.checkpoint_id, now)
+
+    def barrier_received(self, actions: BarrierActions, channel: int, barrier: CheckpointBarrier) -> BarrierState:
+        if channel in self.arrived:
+            return self
+        self.arrived.add(channel)
+        if barrier.unaligned:
+            self.overtook.add(channel)
+        if self.all_arrived(actions):
+            return self._complete(actions)
+        if barrier.unaligned:
+            actions.block_overtaken(channel, self.checkpoint_id)
+        else:
+            actions.block(channel)
+        return self
+
+    def channel_ended(self, actions: BarrierActions, channel: int) -> BarrierState:
+        return self._complete(actions) if self.all_arrived(actions) else self
+
+    def maybe_done(self, actions: BarrierActions) -> BarrierState:
+        return self._complete(actions) if self.all_arrived(actions) else self
+
+    def _complete(self, actions: BarrierActions) -> BarrierState:
+        now = actions.now_ms()
+        actions.snapshot(self.barrier, bool(self.overtook), self.first_barrier_ms)
+        for ch in sorted(self.overtook & actions.live_channels()):
+            actions.start_persisting(ch, self.checkpoint_id)  # the rest of the buffer in hand, if it is this one's
+            actions.stop_persisting(ch, self.checkpoint_id)  # and the buffers queued ahead of the barrier
+        actions.forward_barrier(self.barrier.as_aligned(), priority=False)
+        actions.unblock_all()
+        actions.finish_input(self.checkpoint_id, now)
+        return WAITING
+
+    def abandon(self, actions: BarrierActions, reason: str) -> BarrierState:
+        actions.unblock_all()
+        actions.abort(self.checkpoint_id, reason)
+        return WAITING
+
+
 FIRST_STATE: dict[BarrierPolicy, type[CollectingBarriers]] = {
     BarrierPolicy.aligned: CollectingAligned,
     BarrierPolicy.unaligned: CollectingUnaligned,
+    BarrierPolicy.unaligned_last_barrier: CollectingLastBarrier,
     BarrierPolicy.aligned_then_unaligned: CollectingAlignedUntilTimeout,
 }
 """The state a checkpoint of each policy starts in."""
@@ -317,9 +383,11 @@ class BarrierHandler:
     def _first_state(self, barrier: CheckpointBarrier) -> CollectingBarriers:
         now = self.actions.now_ms()
         deadline = barrier.deadline
+        policy = BarrierPolicy.aligned if barrier.is_savepoint else barrier.policy
+        if policy == BarrierPolicy.unaligned_last_barrier:
+            return FIRST_STATE[policy](barrier, now)  # its barriers overtake, yet it snapshots on the last one
         if barrier.unaligned or barrier.checkpoint_id in self.switched or (deadline is not None and now >= deadline):
             return CollectingUnaligned(barrier, now)
-        policy = BarrierPolicy.aligned if barrier.is_savepoint else barrier.policy
         return FIRST_STATE[policy](barrier, now)
 
     def _newer(self, barrier: CheckpointBarrier) -> bool:
