@@ -450,6 +450,7 @@ class Scenario(str, Enum):
     recovery_checkpoints = "recovery-checkpoints"
     incremental = "incremental"
     budget = "budget"
+    last_barrier = "last-barrier"
 
 
 @app.command()
@@ -467,7 +468,8 @@ def bench(
             "checkpoint after a restore with large in-flight state, with and without checkpoints during recovery), "
             "incremental (11. bytes written per checkpoint under "
             "sustained backpressure, incremental channel state off and on), budget (12. checkpoint duration and persisted "
-            "in-flight bytes without and with an in-flight budget per subtask).",
+            "in-flight bytes without and with an in-flight budget per subtask), last-barrier (14. persisted bytes and "
+            "duration of a flat_map with 100 outputs per input, first-barrier unaligned against last-barrier).",
             show_default=False,
         ),
     ] = None,
