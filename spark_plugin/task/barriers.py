@@ -17,7 +17,7 @@ and one coordinator rule (``app.domain.policies``).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from contract.models import BarrierPolicy
 from spark_plugin.network.barrier import CheckpointBarrier
@@ -113,6 +113,10 @@ WAITING = WaitingForFirstBarrier()
 
 class CollectingBarriers(BarrierState):
     """A checkpoint in progress: its barrier, when its first barrier came, and the channels whose barrier arrived."""
+
+    takes_priority_barriers: ClassVar[bool] = False
+    """Whether the state handles barriers that came as priority events itself; if not, such a barrier (or a switch
+    already announced, or a passed deadline) starts the checkpoint first-barrier unaligned."""
 
     def __init__(self, barrier: CheckpointBarrier, first_barrier_ms: int, arrived: set[int] | None = None) -> None:
         self.barrier = barrier
@@ -304,6 +308,8 @@ class CollectingLastBarrier(CollectingBarriers):
     processed there, so none of its outputs is persisted; only the inputs its barriers overtook are. A source
     (``trigger``) forwards with priority: its barrier overtakes its output queue, which it persists."""
 
+    takes_priority_barriers = True
+
     def __init__(self, barrier: CheckpointBarrier, first_barrier_ms: int, arrived: set[int] | None = None) -> None:
         super().__init__(barrier, first_barrier_ms, arrived)
         self.overtook: set[int] = set()
@@ -383,12 +389,12 @@ class BarrierHandler:
     def _first_state(self, barrier: CheckpointBarrier) -> CollectingBarriers:
         now = self.actions.now_ms()
         deadline = barrier.deadline
-        policy = BarrierPolicy.aligned if barrier.is_savepoint else barrier.policy
-        if policy == BarrierPolicy.unaligned_last_barrier:
-            return FIRST_STATE[policy](barrier, now)  # its barriers overtake, yet it snapshots on the last one
+        first = FIRST_STATE[BarrierPolicy.aligned if barrier.is_savepoint else barrier.policy]
+        if first.takes_priority_barriers:
+            return first(barrier, now)
         if barrier.unaligned or barrier.checkpoint_id in self.switched or (deadline is not None and now >= deadline):
             return CollectingUnaligned(barrier, now)
-        return FIRST_STATE[policy](barrier, now)
+        return first(barrier, now)
 
     def _newer(self, barrier: CheckpointBarrier) -> bool:
         """Whether the barrier starts a new checkpoint; an unfinished older one is abandoned for it."""
