@@ -26,6 +26,8 @@ Scenarios (default: all):
   concurrent   13. concurrent unaligned checkpoints: max_concurrent 1 against 2 with a 20 ms interval under
                    backpressure: checkpoints completed per minute, duration p50, aborted (concurrent.md;
                    benchmarks/concurrent.py)
+  last-barrier 14. persisted bytes (input and output side) and duration of a flat_map with 100 outputs per input,
+                   first-barrier unaligned against last-barrier and aligned (last-barrier.md; benchmarks/last_barrier.py)
 """
 
 from __future__ import annotations
@@ -58,10 +60,11 @@ SCENARIOS = {
     "incremental": "11. incremental channel state under sustained backpressure",
     "budget": "12. in-flight budget: duration and persisted bytes against the budget",
     "concurrent": "13. concurrent unaligned checkpoints: max_concurrent 1 against 2",
+    "last-barrier": "14. last-barrier checkpoints: a flat_map with 100 outputs per input",
 }
 _ALIASES = {"1": "checkpoints", "2": "throughput-bp", "3": "throughput", "4": "disk", "5": "acks", "6": "timers",
             "7": "state", "8": "inflight", "9": "adaptive", "10": "recovery-checkpoints",
-            "11": "incremental", "12": "budget", "13": "concurrent"}
+            "11": "incremental", "12": "budget", "13": "concurrent", "14": "last-barrier"}
 
 
 class BenchUsageError(ValueError):
@@ -206,6 +209,14 @@ def concurrent_settings_from(args: BenchArgs) -> Any:
     return concurrent.Settings.quick_settings(**over) if args.quick else concurrent.Settings(**over)
 
 
+def last_barrier_settings_from(args: BenchArgs) -> Any:
+    """Scenario 14's settings: ``--seconds`` when given, ``--quick``."""
+    from benchmarks import last_barrier
+
+    over: dict[str, Any] = {"seconds": args.seconds} if args.seconds else {}
+    return last_barrier.Settings.quick_settings(**over) if args.quick else last_barrier.Settings(**over)
+
+
 def _start_spark(tasks: int) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -242,14 +253,16 @@ def main(args: BenchArgs) -> int:
     chosen = args.chosen
     need_spark = any(c in chosen for c in ("checkpoints", "throughput-bp", "throughput", "state", "inflight",
                                            "adaptive", "incremental", "recovery-checkpoints", "budget",
-                                           "concurrent"))
+                                           "concurrent", "last-barrier"))
     inflight_settings = inflight_settings_from(args)
     budget_settings = budget_settings_from(args)
     concurrent_settings = concurrent_settings_from(args)
+    last_barrier_settings = last_barrier_settings_from(args)
     spark_tasks = max(spark_tasks_needed(s), inflight_settings.spark_tasks() if "inflight" in chosen else 0,
                       _adaptive_tasks(args), _recovery_checkpoint_tasks(args),
                       s.parallelism * (max(budget_settings.depths) + 1) if "budget" in chosen else 0,
-                      s.parallelism * (concurrent_settings.depth + 1) if "concurrent" in chosen else 0)
+                      s.parallelism * (concurrent_settings.depth + 1) if "concurrent" in chosen else 0,
+                      last_barrier_settings.spark_tasks() if "last-barrier" in chosen else 0)
     runs_1 = [(p, d) for d in s.depths for p in s.policies] if "checkpoints" in chosen else []
     if "throughput-bp" in chosen and not runs_1:
         runs_1 = [(p, min(s.depths)) for p in s.policies]
@@ -263,6 +276,7 @@ def main(args: BenchArgs) -> int:
     steps += ("adaptive" in chosen) + ("incremental" in chosen) + ("recovery-checkpoints" in chosen)
     steps += len(budget_settings.runs()) if "budget" in chosen else 0
     steps += len(concurrent_settings.concurrency) if "concurrent" in chosen else 0
+    steps += len(last_barrier_settings.policies) if "last-barrier" in chosen else 0
     steps += 2 if need_spark else 0
     steps += len(s.depths) if "checkpoints" in chosen else 0
 
@@ -413,6 +427,18 @@ def main(args: BenchArgs) -> int:
                     concurrent.write(concurrent_runs, concurrent_settings, out, results.command, machine)
 
                 concurrent.measure(runner, concurrent_settings, concurrent_done, into=concurrent_runs)
+            if "last-barrier" in chosen:
+                from benchmarks import last_barrier
+
+                status("", SCENARIOS["last-barrier"])
+                machine = ", ".join(f"{k}: {v}" for k, v in results.machine.items())
+                lb_runs: list[Any] = []
+
+                def last_barrier_done(x: Any) -> None:
+                    done(f"{x.policy}: {last_barrier.headline(x)}")
+                    last_barrier.write(lb_runs, last_barrier_settings, out, results.command, machine)
+
+                last_barrier.measure(runner, last_barrier_settings, last_barrier_done, into=lb_runs)
             if coordinator is not None:
                 coordinator.stop()
                 coordinator = None

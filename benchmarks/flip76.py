@@ -281,13 +281,13 @@ class Runner:
             config = CheckpointConfig(interval=None)
         else:
             timeout = alignment_timeout_ms if alignment_timeout_ms is not None else self.s.alignment_timeout_ms
-            config = CheckpointConfig(
+            fields: dict[str, Any] = dict(
                 interval=interval_ms or self.s.interval_ms, policy=policy, retained=2,
                 timeout=int(max(600_000, seconds * 4000)),
                 alignment_timeout=timeout if policy in ("aligned_then_unaligned", "adaptive") else None,
                 incremental_channel_state=incremental,
-                **(checkpoint or {}),
             )
+            config = CheckpointConfig(**{**fields, **(checkpoint or {})})
         outcome: dict[str, Any] = {}
 
         def target() -> None:

@@ -48,6 +48,9 @@ class BarrierPolicy(str, Enum):
     aligned = "aligned"
     unaligned = "unaligned"
     aligned_then_unaligned = "aligned_then_unaligned"
+    unaligned_last_barrier = "unaligned_last_barrier"
+    """Barriers overtake input queues; a subtask snapshots when its last barrier arrived and forwards in band, so it
+    persists the inputs its barriers overtook and none of its outputs (for operators with many outputs per input)."""
     adaptive = "adaptive"
     """Chosen by the coordinator per checkpoint: aligned (with an alignment budget) or unaligned, from recent
     alignment times, backpressure and persisted bytes; a barrier carries the chosen policy, never this one."""

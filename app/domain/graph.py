@@ -113,10 +113,11 @@ def validate_config(cfg: CheckpointConfig) -> None:
             continue
         if budget < 0:
             raise Invalid(f"checkpoint.{name} must not be negative (bytes), got {budget}")
-        if not POLICY_RULES[cfg.policy].takes_inflight_budget:
+        rule = POLICY_RULES[cfg.policy]
+        if not rule.takes_inflight_budget:
             raise Invalid(
                 f"checkpoint.{name} limits the in-flight data unaligned checkpoints persist; policy "
-                f"{cfg.policy.value} persists none: remove it or choose another policy"
+                f"{cfg.policy.value} {rule.no_inflight_budget}: remove it or choose another policy"
             )
 
 

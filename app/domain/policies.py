@@ -36,6 +36,8 @@ class PolicyRule:
     """Whether its plan depends on the job's recent checkpoints and backpressure (`Observations`)."""
     takes_inflight_budget: ClassVar[bool] = True
     """Whether its checkpoints can persist in-flight data, so an in-flight budget limits them."""
+    no_inflight_budget: ClassVar[str] = "persists none"
+    """Why an in-flight budget means nothing for it (config validation says so when one is set)."""
 
     def plan(self, cfg: CheckpointConfig, seen: Observations | None = None) -> BarrierPlan:
         return BarrierPlan(self.policy)
@@ -52,6 +54,19 @@ class Unaligned(PolicyRule):
     """Barriers overtake buffers from the first one on; nothing to announce."""
 
     policy = BarrierPolicy.unaligned
+
+
+class UnalignedLastBarrier(PolicyRule):
+    """Barriers overtake the input queues they arrive in, each subtask snapshots on its last barrier and forwards in
+    band; nothing to announce. No in-flight budget: a subtask learns what its barriers overtook only as each one
+    arrives, after the earlier ones blocked their channels, so there is no point at which it could still finish
+    aligned instead."""
+
+    policy = BarrierPolicy.unaligned_last_barrier
+    takes_inflight_budget = False
+    no_inflight_budget = (
+        "decides nothing before its last barrier, when the overtaken inputs can no longer be processed instead"
+    )
 
 
 class AlignedThenUnaligned(PolicyRule):
@@ -84,7 +99,8 @@ class Adaptive(PolicyRule):
 
 
 POLICY_RULES: dict[BarrierPolicy, PolicyRule] = {
-    rule.policy: rule for rule in (Aligned(), Unaligned(), AlignedThenUnaligned(), Adaptive())
+    rule.policy: rule
+    for rule in (Aligned(), Unaligned(), UnalignedLastBarrier(), AlignedThenUnaligned(), Adaptive())
 }
 
 

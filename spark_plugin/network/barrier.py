@@ -46,7 +46,7 @@ class CheckpointBarrier:
         if self.policy == BarrierPolicy.adaptive:
             raise ValueError(
                 f"checkpoint {self.checkpoint_id}: a barrier carries the policy the coordinator chose for it "
-                "(aligned, unaligned or aligned_then_unaligned), never adaptive"
+                "(aligned, unaligned, unaligned_last_barrier or aligned_then_unaligned), never adaptive"
             )
 
     @classmethod

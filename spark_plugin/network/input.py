@@ -17,6 +17,11 @@ alignment timeout passes (or that arrives after it) becomes a priority barrier i
 queued ahead of it, which are persisted, instead of waiting until they are processed (Flink announces such
 barriers for the same reason).
 
+A last-barrier checkpoint (``unaligned_last_barrier``) blocks a channel at the moment its priority barrier is acted
+on, before its last barrier (:meth:`InputGate.block_at_priority`): the marker stays where it arrived as a *held*
+marker, so at the snapshot the channel can still tell which queued buffers the barrier overtook; the buffers are
+persisted then and processed after the snapshot, and the marker is dropped when the channel is unblocked.
+
 A checkpoint over its in-flight budget is *held* (:meth:`InputGate.hold`): its barriers no longer overtake. A
 priority marker already queued becomes an aligned barrier at its arrival position, its announcement is dropped,
 and later ones queue in band, so the subtask processes the buffers a barrier overtook and blocks the channel when it
@@ -51,6 +56,7 @@ BUFFER = "B"
 RECOVERED = "R"  # a buffer of recovered input channel state: processed first, returns no credit
 BARRIER = "E"
 PRIORITY = "P"
+HELD = "H"  # a priority barrier the subtask acted on, left where it arrived: its channel is blocked until the snapshot
 END = "END"
 RECOVERY_END = "RECOVERY_END"  # the upstream sent all of its restored output channel state on this channel
 
@@ -95,10 +101,11 @@ class InputChannel:
         return n
 
     def buffers_before(self, checkpoint_id: int) -> list[bytes]:
-        """The queued buffers ahead of ``checkpoint_id``'s priority barrier ([] when no such barrier is queued)."""
+        """The queued buffers ahead of ``checkpoint_id``'s priority (or held) barrier ([] when no such barrier is
+        queued)."""
         ahead: list[bytes] = []
         for item in self.items:
-            if item[0] == PRIORITY and item[1].checkpoint_id == checkpoint_id:
+            if item[0] in (PRIORITY, HELD) and item[1].checkpoint_id == checkpoint_id:
                 return ahead
             if item[0] in DATA:
                 ahead.append(item[1])
@@ -293,6 +300,8 @@ class InputGate:
         for k in range(n):
             i = (self._next_channel + k) % n
             ch = self.channels[i]
+            while not ch.blocked and ch.items and ch.items[0][0] == HELD:
+                ch.items.popleft()  # its checkpoint was taken: the buffers it overtook were persisted and come next
             if ch.blocked or not ch.items or ch.items[0][0] == PRIORITY:
                 continue
             if (phase == "input" and ch.items[0][0] != RECOVERED) or (phase == "output" and ch.recovery_ended):
@@ -324,6 +333,17 @@ class InputGate:
         for pos, item in enumerate(items):
             if item[0] == PRIORITY and item[1] is barrier:
                 del items[pos]
+                return
+
+    def block_at_priority(self, index: int, checkpoint_id: int) -> None:
+        """Block channel ``index`` at once, before the buffers its queued priority barrier of ``checkpoint_id``
+        overtook: the marker becomes a held one at its arrival position, so ``buffers_before`` still finds them
+        (lock held)."""
+        ch = self.channels[index]
+        ch.blocked = True
+        for pos, item in enumerate(ch.items):
+            if item[0] == PRIORITY and item[1].checkpoint_id == checkpoint_id:
+                ch.items[pos] = (HELD, item[1])
                 return
 
     def hold(self, checkpoint_id: int) -> None:

@@ -18,7 +18,7 @@ and one coordinator rule (``app.domain.policies``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from contract.models import BarrierPolicy
 from spark_plugin.network.barrier import CheckpointBarrier
@@ -51,6 +51,10 @@ class BarrierActions(Protocol):
 
     def unblock_all(self) -> None:
         """Resume consuming every channel."""
+
+    def block_overtaken(self, channel: int, checkpoint_id: int) -> None:
+        """Stop consuming ``channel`` at once: the buffers its priority barrier overtook stay queued, unprocessed,
+        until the snapshot persists them (last-barrier checkpoints)."""
 
     def start_persisting(self, channel: int, checkpoint_id: int) -> None:
         """Persist the in-flight data of ``channel`` for the checkpoint until its barrier arrives there."""
@@ -110,6 +114,10 @@ WAITING = WaitingForFirstBarrier()
 
 class CollectingBarriers(BarrierState):
     """A checkpoint in progress: its barrier, when its first barrier came, and the channels whose barrier arrived."""
+
+    takes_priority_barriers: ClassVar[bool] = False
+    """Whether the state handles barriers that came as priority events itself; if not, such a barrier (or a switch
+    already announced, or a passed deadline) starts the checkpoint first-barrier unaligned."""
 
     def __init__(self, barrier: CheckpointBarrier, first_barrier_ms: int, arrived: set[int] | None = None) -> None:
         self.barrier = barrier
@@ -289,9 +297,73 @@ class CollectingUnaligned(CollectingBarriers):
         return WAITING
 
 
+class CollectingLastBarrier(CollectingBarriers):
+    """unaligned_last_barrier: barriers overtake, the snapshot waits for the last one.
+
+    A priority barrier blocks its channel at once: the buffers it overtook in the channel's queue stay there,
+    unprocessed. A barrier that comes in band (from an upstream that forwarded it so) blocks its channel where it
+    is, everything before it processed. Channels without a barrier keep being processed. When the last barrier
+    arrives the subtask snapshots, persists what each priority barrier overtook (and the unread rest of the buffer
+    in hand, which came from one of those channels) as input channel state, forwards its barrier *in band* and
+    unblocks: every record it emitted before the snapshot reaches its consumers ahead of the barrier and is
+    processed there, so none of its outputs is persisted; only the inputs its barriers overtook are. A source
+    (``trigger``) forwards with priority: its barrier overtakes its output queue, which it persists."""
+
+    takes_priority_barriers = True
+
+    def __init__(self, barrier: CheckpointBarrier, first_barrier_ms: int, arrived: set[int] | None = None) -> None:
+        super().__init__(barrier, first_barrier_ms, arrived)
+        self.overtook: set[int] = set()
+        """Channels whose barrier came with priority: what it overtook is persisted at the snapshot."""
+
+    def trigger(self, actions: BarrierActions) -> None:
+        now = actions.now_ms()
+        barrier = self.barrier.as_unaligned()
+        actions.snapshot(barrier, True, now)
+        actions.forward_barrier(barrier, priority=True)
+        actions.finish_input(self.checkpoint_id, now)
+
+    def barrier_received(self, actions: BarrierActions, channel: int, barrier: CheckpointBarrier) -> BarrierState:
+        if channel in self.arrived:
+            return self
+        self.arrived.add(channel)
+        if barrier.unaligned:
+            self.overtook.add(channel)
+        if self.all_arrived(actions):
+            return self._complete(actions)
+        if barrier.unaligned:
+            actions.block_overtaken(channel, self.checkpoint_id)
+        else:
+            actions.block(channel)
+        return self
+
+    def channel_ended(self, actions: BarrierActions, channel: int) -> BarrierState:
+        return self._complete(actions) if self.all_arrived(actions) else self
+
+    def maybe_done(self, actions: BarrierActions) -> BarrierState:
+        return self._complete(actions) if self.all_arrived(actions) else self
+
+    def _complete(self, actions: BarrierActions) -> BarrierState:
+        now = actions.now_ms()
+        actions.snapshot(self.barrier, bool(self.overtook), self.first_barrier_ms)
+        for ch in sorted(self.overtook & actions.live_channels()):
+            actions.start_persisting(ch, self.checkpoint_id)  # the rest of the buffer in hand, if it is this one's
+            actions.stop_persisting(ch, self.checkpoint_id)  # and the buffers queued ahead of the barrier
+        actions.forward_barrier(self.barrier.as_aligned(), priority=False)
+        actions.unblock_all()
+        actions.finish_input(self.checkpoint_id, now)
+        return WAITING
+
+    def abandon(self, actions: BarrierActions, reason: str) -> BarrierState:
+        actions.unblock_all()
+        actions.abort(self.checkpoint_id, reason)
+        return WAITING
+
+
 FIRST_STATE: dict[BarrierPolicy, type[CollectingBarriers]] = {
     BarrierPolicy.aligned: CollectingAligned,
     BarrierPolicy.unaligned: CollectingUnaligned,
+    BarrierPolicy.unaligned_last_barrier: CollectingLastBarrier,
     BarrierPolicy.aligned_then_unaligned: CollectingAlignedUntilTimeout,
 }
 """The state a checkpoint of each policy starts in."""
@@ -339,15 +411,17 @@ class BarrierHandler:
 
     def _first_state(self, barrier: CheckpointBarrier) -> CollectingBarriers:
         now = self.actions.now_ms()
+        first = FIRST_STATE[BarrierPolicy.aligned if barrier.is_savepoint else barrier.policy]
+        if first.takes_priority_barriers:
+            return first(barrier, now)
         if self._starts_unaligned(barrier, now):
             return CollectingUnaligned(barrier, now)
-        policy = BarrierPolicy.aligned if barrier.is_savepoint else barrier.policy
-        return FIRST_STATE[policy](barrier, now)
+        return first(barrier, now)
 
     def _concurrent(self, barrier: CheckpointBarrier) -> bool:
         """Whether the newer barrier's checkpoint runs beside the unaligned ones in progress instead of abandoning
         them: the job allows it, and the newer one starts unaligned (so does every one in progress)."""
-        if barrier.max_concurrent <= 1 or barrier.is_savepoint:
+        if barrier.max_concurrent <= 1 or barrier.is_savepoint or FIRST_STATE[barrier.policy].takes_priority_barriers:
             return False
         if not all(type(s) is CollectingUnaligned for s in (self.state, *self.older.values()) if s.checkpoint_id):
             return False

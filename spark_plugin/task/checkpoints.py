@@ -141,6 +141,10 @@ class CheckpointController:
     def unblock_all(self) -> None:
         self.gate.unblock_all()
 
+    def block_overtaken(self, channel: int, checkpoint_id: int) -> None:
+        with self.lock:
+            self.gate.block_at_priority(channel, checkpoint_id)
+
     def start_persisting(self, channel: int, checkpoint_id: int) -> None:
         with self.lock:
             self.gate.channels[channel].checkpoint_started(checkpoint_id, self._in_hand(channel))

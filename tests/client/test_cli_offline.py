@@ -235,3 +235,16 @@ def test_tables_fit_the_terminal_without_wrapping_cells(coordinator, width):
         assert "left out for the width" in result.stdout
     else:
         assert "left out" not in result.stdout and "declined: subtask" in rows[5]
+
+
+def test_bench_takes_scenario_numbers_and_names_and_refuses_unknown_ones_saying_which_exist(monkeypatch):
+    import benchmarks.cli as bench_cli
+
+    seen = []
+    monkeypatch.setattr(bench_cli, "main", lambda args: seen.append(args.chosen) or 0)
+    ok = runner.invoke(cli.app, ["bench", "8", "adaptive", "14"])
+    assert ok.exit_code == 0, ok.output
+    assert seen == [["inflight", "adaptive", "last-barrier"]]
+    bad = runner.invoke(cli.app, ["bench", "99"])
+    assert bad.exit_code == 2
+    assert "unknown scenario '99'" in bad.output and "last-barrier" in bad.output

@@ -67,6 +67,10 @@ async def test_register_job_returns_it_with_its_graph_and_config(api):
             "must be below checkpoint.timeout",
         ),
         (job_body(policy="aligned", max_inflight_bytes_per_subtask=1024), "policy aligned persists none"),
+        (
+            job_body(policy="unaligned_last_barrier", max_inflight_bytes=4096),
+            "policy unaligned_last_barrier decides nothing before its last barrier",
+        ),
         (job_body(policy="unaligned", max_inflight_bytes=-1), "max_inflight_bytes must not be negative"),
         (job_body(policy="unaligned", over_inflight_budget="spill"), "checkpoint.over_inflight_budget"),
         (job_body(vertices=[V, V]), "appears twice"),

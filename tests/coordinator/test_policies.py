@@ -16,6 +16,13 @@ def test_aligned_and_unaligned_announce_nothing():
         assert (plan.policy, plan.alignment_timeout, plan.switch_after) == (policy, None, None)
 
 
+def test_last_barrier_announces_nothing_and_takes_no_inflight_budget():
+    plan = barrier_plan(BarrierPolicy.unaligned_last_barrier, CheckpointConfig(policy="unaligned_last_barrier"))
+    assert (plan.policy, plan.alignment_timeout, plan.switch_after) == (BarrierPolicy.unaligned_last_barrier, None, None)
+    cfg = CheckpointConfig(policy="unaligned_last_barrier", max_inflight_bytes_per_subtask=1000)
+    assert inflight_budget(BarrierPolicy.unaligned_last_barrier, cfg, 4) is None
+
+
 def test_aligned_then_unaligned_carries_its_timeout_and_switches_after_it():
     plan = barrier_plan(BarrierPolicy.aligned_then_unaligned, CheckpointConfig(alignment_timeout=200))
     assert (plan.alignment_timeout, plan.switch_after) == (200, 200)

@@ -97,6 +97,18 @@ def test_killed_subtasks_leave_file_output_exactly_once_aligned_then_unaligned(s
     assert not list((out / ".pending").iterdir())
 
 
+def test_killed_subtasks_leave_file_output_exactly_once_unaligned_last_barrier(spark, coordinator, tmp_path):
+    # the counting subtasks snapshot on their last barrier: what the sources' barriers overtook is their input state
+    out = tmp_path / "out"
+    result = run_with_kills(
+        spark, coordinator, "kill-last-barrier", "unaligned_last_barrier", FileSink(str(out)), tmp_path / "pids", 37,
+        COUNT,
+    )
+    assert any(r.restored is not None for r in result.restarts), "no restart restored a checkpoint"
+    check_exactly_once(file_rows(out), COUNT)
+    assert not list((out / ".pending").iterdir())
+
+
 def test_killed_subtasks_leave_file_output_exactly_once_adaptive(spark, coordinator, tmp_path):
     out = tmp_path / "out"
     result = run_with_kills(

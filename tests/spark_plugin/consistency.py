@@ -65,3 +65,59 @@ def assert_consistent_cut(cut: dict, source_parallelism: int | None = None) -> N
         f"not a consistent cut: {sum(missing.values())} records missing (e.g. {sorted(missing)[:5]}), "
         f"{sum(extra.values())} extra (e.g. {sorted(extra)[:5]})"
     )
+
+
+def flat_cut_of_checkpoint(acks: dict, blob: callable, sink_id: str, source_vertex: str) -> dict:
+    """Decode one checkpoint of a ``source -> flat_map -> ... -> sink`` pipeline whose flat_map turns each ``(key,
+    seq)`` or ``(key, seq, payload)`` into ``(key, seq, j)`` for ``j`` in ``range(fanout)``: what the sinks hold, the source records and the
+    flat_map outputs persisted as channel state (each with the vertex and direction that persisted it), the bytes
+    persisted per ``(vertex, direction)``, and the sources' offsets."""
+    in_sink: list[tuple[int, int]] = []
+    persisted_sources: list[int] = []
+    persisted_outputs: list[tuple[int, int]] = []
+    where: dict[str, set[tuple[str, str]]] = {"source records": set(), "flat_map outputs": set()}
+    persisted_bytes: Counter = Counter()
+    emitted_by_source: dict[int, dict] = {}
+    for (vertex, index), ack in acks.items():
+        op = ack.get("operator_state")
+        if op:
+            states = pickle.loads(blob(op["blob_id"]))["operators"]
+            if sink_id in states and states[sink_id] is not None:
+                in_sink.extend((r[1], r[2]) for r in states[sink_id]["records"])
+        ch = ack.get("channel_state")
+        if ch:
+            reader = ChannelStateReader(blob(ch["blob_id"]))
+            for seg in ack["channel_segments"]:
+                persisted_bytes[(vertex, seg["direction"])] += seg["length"]
+                for r in reader.segment_records(seg):
+                    if len(r) == 2 or isinstance(r[2], str):
+                        persisted_sources.append(r[1])
+                        where["source records"].add((vertex, seg["direction"]))
+                    else:
+                        persisted_outputs.append((r[1], r[2]))
+                        where["flat_map outputs"].add((vertex, seg["direction"]))
+        if vertex == source_vertex:
+            emitted_by_source[index] = ack["source_offsets"]
+    return {
+        "sink": in_sink,
+        "sources": persisted_sources,
+        "outputs": persisted_outputs,
+        "where": where,
+        "bytes": persisted_bytes,
+        "emitted": emitted_by_source,
+    }
+
+
+def assert_consistent_flat_cut(cut: dict, fanout: int) -> None:
+    """Every output the flat_map owes for the emitted records is exactly once in the sink state, among the persisted
+    flat_map outputs, or implied by a persisted source record (which the flat_map turns into ``fanout`` outputs on
+    replay)."""
+    got = Counter(cut["sink"]) + Counter(cut["outputs"])
+    got += Counter((seq, j) for seq in cut["sources"] for j in range(fanout))
+    want = Counter((seq, j) for seq in expected_seqs(cut["emitted"]).elements() for j in range(fanout))
+    missing = want - got
+    extra = got - want
+    assert not missing and not extra, (
+        f"not a consistent cut: {sum(missing.values())} outputs missing (e.g. {sorted(missing)[:5]}), "
+        f"{sum(extra.values())} extra (e.g. {sorted(extra)[:5]})"
+    )

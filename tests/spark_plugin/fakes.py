@@ -43,6 +43,9 @@ class RecordingActions:
     def unblock_all(self) -> None:
         self.calls.append(("unblock_all",))
 
+    def block_overtaken(self, channel: int, checkpoint_id: int) -> None:
+        self.calls.append(("block_overtaken", channel, checkpoint_id))
+
     def start_persisting(self, channel: int, checkpoint_id: int) -> None:
         self.calls.append(("record", channel, checkpoint_id))
 

@@ -747,7 +747,7 @@ export interface components {
          * BarrierPolicy
          * @enum {string}
          */
-        BarrierPolicy: "aligned" | "unaligned" | "aligned_then_unaligned" | "adaptive";
+        BarrierPolicy: "aligned" | "unaligned" | "aligned_then_unaligned" | "unaligned_last_barrier" | "adaptive";
         /** BlobInfo */
         BlobInfo: {
             /** Blob Id */
