@@ -31,6 +31,9 @@ from tests.spark_plugin.test_restore_threads import plan_from_acks
 from tests.spark_plugin.test_subtask_threads import wait_for
 
 SMALL = NetworkConfig(buffer_size=512)
+DEEP = NetworkConfig(buffer_size=512, exclusive_buffers_per_channel=16)
+"""Receivers with room for several buffers per channel: senders hold no more than their credit plus one, so this is
+what keeps a few watermark changes (one per 500 ms bucket of event time) in flight at a checkpoint."""
 WINDOW = 1000
 LATENESS = 500
 BUCKET = 500
@@ -108,7 +111,7 @@ def run_to_end(p: Pipeline, **restore) -> tuple[ThreadedRun, list]:
 def checkpoint_mid_stream(p: Pipeline, subtasks: int) -> tuple[InMemoryCoordinator, ThreadedRun]:
     """Run until the windows took some records, take unaligned checkpoint 1, and stop there (as a failure would)."""
     coord = InMemoryCoordinator()
-    run = ThreadedRun(p, coord.reporter, coord.events, SMALL).start()
+    run = ThreadedRun(p, coord.reporter, coord.events, DEEP).start()
     wait_for(lambda: sum(st.records_in for st in run.subtasks if st.spec.vertex == "win") > 400, "records to flow")
     coord.trigger(1, "unaligned")
     wait_for(lambda: len(coord.acks.get(1, {})) == subtasks, "checkpoint 1")
@@ -198,7 +201,7 @@ def test_without_idleness_a_silent_partition_holds_the_watermark_back():
 
 
 def test_a_restore_from_an_unaligned_checkpoint_judges_every_record_as_the_run_without_failures():
-    count = 800
+    count = 2000  # enough left to be in flight at the checkpoint
     _, reference = run_to_end(windowed_pipeline(count, late=True))
     ref_out, ref_late = collected(reference, "out"), collected(reference, "late")
     assert ref_late, "the input has records too late for their windows"
@@ -233,7 +236,7 @@ def forget_event_time(blob: bytes) -> bytes:
 
 def test_a_restore_that_forgot_the_watermarks_would_let_late_records_in_flight_fire_their_windows_again():
     """The control for the test above: it fails when the restore does not bring the watermarks back."""
-    count = 800
+    count = 2000  # enough left to be in flight at the checkpoint
     coord, _ = checkpoint_mid_stream(windowed_pipeline(count, late=True), subtasks=7)
     stored = {}
     for (v, i), ack in coord.acks[1].items():
@@ -259,7 +262,7 @@ def test_a_restore_that_forgot_the_watermarks_would_let_late_records_in_flight_f
 
 @pytest.mark.parametrize("new_parallelism", [3, 1])
 def test_a_rescaled_restore_of_window_state_and_timers_fires_every_window_once_with_all_its_records(new_parallelism):
-    count = 800
+    count = 2000  # enough left to be in flight at the checkpoint
     src = events(count, late=False)
     want = expected_windows(src)
     coord, _ = checkpoint_mid_stream(windowed_pipeline(count, late=False, source_parallelism=2), subtasks=4)
