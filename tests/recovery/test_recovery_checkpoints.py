@@ -28,8 +28,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 TASKS = 4
 COUNT = 60_000
-LARGE_IN_FLIGHT = NetworkConfig(
-    buffer_size=4096, exclusive_buffers_per_channel=4, floating_buffers_per_gate=16, max_buffers_per_output_channel=20,
+LARGE_IN_FLIGHT = NetworkConfig(  # senders hold only their receivers' credit plus one buffer: the depth is here
+    buffer_size=4096, exclusive_buffers_per_channel=32, floating_buffers_per_gate=16, max_buffers_per_output_channel=20,
     checkpoints_during_recovery=True,
 )
 ENOUGH_IN_FLIGHT = 32 * 1024

@@ -22,6 +22,9 @@ from tests.spark_plugin.consistency import assert_consistent_cut, cut_of_checkpo
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 SMALL_BUFFERS = NetworkConfig(buffer_size=1024)
+DEEP_QUEUES = NetworkConfig(buffer_size=1024, exclusive_buffers_per_channel=32)
+"""Receivers with room for about a thousand records per channel: senders hold no more than their credit plus one
+buffer, so this is what makes an alignment at the slow stage take longer than a short alignment timeout."""
 
 
 def slow_identity(key, record, state):
@@ -120,7 +123,7 @@ def test_aligned_checkpoints_persist_no_channel_state(spark, coordinator):
 def test_aligned_then_unaligned_switches_only_after_the_alignment_timeout(spark, coordinator):
     timeout = 150
     result = backpressured("e2e-timeout").run(
-        spark, coordinator.url, checkpoint=config("aligned_then_unaligned", 400, timeout), network=SMALL_BUFFERS
+        spark, coordinator.url, checkpoint=config("aligned_then_unaligned", 400, timeout), network=DEEP_QUEUES
     )
     logs = [c for s in result.subtasks for c in s.checkpoints if "switched_ms" in c]
     switched = [c for c in logs if c["switched_ms"] is not None]
