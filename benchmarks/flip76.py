@@ -344,7 +344,7 @@ class Runner:
         label = label or f"{policy or 'no checkpoints'}, depth {depth}"
         s = self.s if payload_bytes is None else replace(self.s, payload_bytes=payload_bytes)
         return self.run(scenario, label, lambda n: backpressured_pipeline(n, depth, s), f"slow-{depth}",
-                        policy, depth, seconds or self.s.backpressure_seconds, network, checkpoint)
+                        policy, depth, seconds or self.s.backpressure_seconds, network, checkpoint=checkpoint)
 
     def free(self, policy: str | None) -> RunStats:
         label = f"{policy or 'no checkpoints'}, no backpressure"

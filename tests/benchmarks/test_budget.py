@@ -52,3 +52,13 @@ def test_budget_is_scenario_12_of_overtake_bench():
     assert cli.bench_args(["budget"], quick=True, depths="1", seconds=5).chosen == ["budget"]
     s = cli.budget_settings_from(cli.bench_args(["budget"], quick=True, depths="1", seconds=5))
     assert (s.depths, s.seconds, s.quick) == ((1,), 5, True)
+
+
+def test_the_backpressured_run_hands_its_checkpoint_fields_to_the_run_as_such(monkeypatch):
+    from benchmarks.flip76 import Runner, Settings
+
+    seen = {}
+    monkeypatch.setattr(Runner, "run", lambda self, *a, **kw: seen.update(args=a, kwargs=kw))
+    Runner(None, "http://x", Settings()).backpressured("unaligned", 1, checkpoint={"max_inflight_bytes_per_subtask": 1})
+    assert seen["kwargs"]["checkpoint"] == {"max_inflight_bytes_per_subtask": 1}
+    assert all(not isinstance(a, dict) for a in seen["args"])  # not taken for another parameter by position
