@@ -13,7 +13,6 @@ in each phase. Written into ``adaptive.md`` and ``adaptive.json``.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections import Counter
@@ -22,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.report import write_scenario
 from spark_plugin import Pipeline
 from spark_plugin.connectors import DiscardSink, SequenceSource
 
@@ -209,13 +209,8 @@ def markdown(runs: list[PolicyRun], w: WaveSettings, command: str, machine: str)
 
 
 def write(runs: list[PolicyRun], w: WaveSettings, out: Path, command: str, machine: str) -> str:
-    out.mkdir(parents=True, exist_ok=True)
-    text = markdown(runs, w, command, machine)
-    (out / "adaptive.md").write_text(text)
-    (out / "adaptive.json").write_text(
-        json.dumps({"settings": asdict(w), "runs": [asdict(r) for r in runs]}, indent=2, default=str)
-    )
-    return text
+    data = {"settings": asdict(w), "runs": [asdict(r) for r in runs]}
+    return write_scenario(out, "adaptive", markdown(runs, w, command, machine), data)
 
 
 def summary(runs: list[PolicyRun]) -> str:

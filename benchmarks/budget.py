@@ -17,7 +17,6 @@ Writes ``budget.md`` and ``budget.json`` into ``--out``.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.flip76 import Runner, RunStats
+from benchmarks.report import write_scenario
 from contract.units import human_bytes
 
 KIB = 1024
@@ -172,10 +172,7 @@ def markdown(runs: list[BudgetRun], s: Settings, command: str = "", machine: str
 
 
 def write(runs: list[BudgetRun], s: Settings, out: Path, command: str = "", machine: str = "") -> str:
-    out.mkdir(parents=True, exist_ok=True)
-    text = markdown(runs, s, command, machine)
-    (out / "budget.md").write_text(text)
-    data = {"settings": asdict(s), "runs": [{"depth": r.depth, "budget": r.budget, **r.summary(),
-                                             "stats": r.stats.as_dict()} for r in runs]}
-    (out / "budget.json").write_text(json.dumps(data, indent=2, default=str))
-    return text
+    data = {"settings": asdict(s), "runs": [
+        {"depth": r.depth, "budget": r.budget, **r.summary(), "stats": r.stats.as_dict()} for r in runs
+    ]}
+    return write_scenario(out, "budget", markdown(runs, s, command, machine), data)

@@ -217,6 +217,24 @@ def last_barrier_settings_from(args: BenchArgs) -> Any:
     return last_barrier.Settings.quick_settings(**over) if args.quick else last_barrier.Settings(**over)
 
 
+def _run_streamed(name: str, module_name: str, scenario_settings: Any, runner: Any, out: Path,
+                  results: BenchResults, status: Any, done: Any) -> None:
+    """A scenario whose module reports each run as it ends (``measure(runner, settings, each, into=runs)``): every
+    run is shown and its report rewritten at once, so an interrupted benchmark keeps what it measured."""
+    import importlib
+
+    module = importlib.import_module(f"benchmarks.{module_name}")
+    status("", SCENARIOS[name])
+    machine = ", ".join(f"{k}: {v}" for k, v in results.machine.items())
+    runs: list[Any] = []
+
+    def each(x: Any) -> None:
+        done(f"{x.label}: {module.headline(x)}")
+        module.write(runs, scenario_settings, out, results.command, machine)
+
+    module.measure(runner, scenario_settings, each, into=runs)
+
+
 def _start_spark(tasks: int) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -403,42 +421,11 @@ def main(args: BenchArgs) -> int:
                 machine = ", ".join(f"{k}: {v}" for k, v in results.machine.items())
                 path = rc.write(rc_report, out, results.command, machine)
                 done(f"recovery checkpoints: {rc.summary(rc_report)}; report in {path}")
-            if "budget" in chosen:
-                from benchmarks import budget
-
-                status("", SCENARIOS["budget"])
-                machine = ", ".join(f"{k}: {v}" for k, v in results.machine.items())
-                budget_runs: list[Any] = []
-
-                def budget_done(x: Any) -> None:
-                    done(f"{x.label}: {budget.headline(x)}")
-                    budget.write(budget_runs, budget_settings, out, results.command, machine)
-
-                budget.measure(runner, budget_settings, budget_done, into=budget_runs)
-            if "concurrent" in chosen:
-                from benchmarks import concurrent
-
-                status("", SCENARIOS["concurrent"])
-                machine = ", ".join(f"{k}: {v}" for k, v in results.machine.items())
-                concurrent_runs: list[Any] = []
-
-                def concurrent_done(x: Any) -> None:
-                    done(f"{x.label}: {concurrent.headline(x)}")
-                    concurrent.write(concurrent_runs, concurrent_settings, out, results.command, machine)
-
-                concurrent.measure(runner, concurrent_settings, concurrent_done, into=concurrent_runs)
-            if "last-barrier" in chosen:
-                from benchmarks import last_barrier
-
-                status("", SCENARIOS["last-barrier"])
-                machine = ", ".join(f"{k}: {v}" for k, v in results.machine.items())
-                lb_runs: list[Any] = []
-
-                def last_barrier_done(x: Any) -> None:
-                    done(f"{x.policy}: {last_barrier.headline(x)}")
-                    last_barrier.write(lb_runs, last_barrier_settings, out, results.command, machine)
-
-                last_barrier.measure(runner, last_barrier_settings, last_barrier_done, into=lb_runs)
+            streamed = (("budget", "budget", budget_settings), ("concurrent", "concurrent", concurrent_settings),
+                        ("last-barrier", "last_barrier", last_barrier_settings))
+            for name, module_name, scenario_settings in streamed:
+                if name in chosen:
+                    _run_streamed(name, module_name, scenario_settings, runner, out, results, status, done)
             if coordinator is not None:
                 coordinator.stop()
                 coordinator = None

@@ -14,13 +14,13 @@ Writes ``concurrent.md`` and ``concurrent.json`` into ``--out``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks.flip76 import Runner, RunStats, backpressured_pipeline
+from benchmarks.report import write_scenario
 
 
 @dataclass
@@ -120,10 +120,7 @@ def markdown(runs: list[ConcurrentRun], s: Settings, command: str = "", machine:
 
 
 def write(runs: list[ConcurrentRun], s: Settings, out: Path, command: str = "", machine: str = "") -> str:
-    out.mkdir(parents=True, exist_ok=True)
-    text = markdown(runs, s, command, machine)
-    (out / "concurrent.md").write_text(text)
-    data = {"settings": asdict(s), "runs": [{"max_concurrent": r.max_concurrent, **r.summary(),
-                                             "stats": r.stats.as_dict()} for r in runs]}
-    (out / "concurrent.json").write_text(json.dumps(data, indent=2, default=str))
-    return text
+    data = {"settings": asdict(s), "runs": [
+        {"max_concurrent": r.max_concurrent, **r.summary(), "stats": r.stats.as_dict()} for r in runs
+    ]}
+    return write_scenario(out, "concurrent", markdown(runs, s, command, machine), data)

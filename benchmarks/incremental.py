@@ -12,12 +12,13 @@ checkpoints after the first (which has nothing to reference): the bytes written 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from statistics import mean, median
 from typing import Any
+
+from benchmarks.report import write_scenario
 
 
 @dataclass
@@ -128,13 +129,8 @@ def markdown(runs: list[IncrementalRun], w: IncrementalSettings, command: str, m
 
 
 def write(runs: list[IncrementalRun], w: IncrementalSettings, out: Path, command: str, machine: str) -> str:
-    out.mkdir(parents=True, exist_ok=True)
-    text = markdown(runs, w, command, machine)
-    (out / "incremental.md").write_text(text)
-    (out / "incremental.json").write_text(
-        json.dumps({"settings": asdict(w), "runs": [asdict(r) for r in runs]}, indent=2, default=str)
-    )
-    return text
+    data = {"settings": asdict(w), "runs": [asdict(r) for r in runs]}
+    return write_scenario(out, "incremental", markdown(runs, w, command, machine), data)
 
 
 def summary(runs: list[IncrementalRun]) -> str:

@@ -18,7 +18,6 @@ Writes ``last-barrier.md`` and ``last-barrier.json`` into ``--out``.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.flip76 import Runner, RunStats
+from benchmarks.report import write_scenario
 from contract.units import human_bytes
 from spark_plugin import Pipeline
 from spark_plugin.connectors import DiscardSink, SequenceSource
@@ -125,6 +125,10 @@ class PolicyRun:
     stats: RunStats
     sides: list[Sides] = field(default_factory=list)
 
+    @property
+    def label(self) -> str:
+        return self.policy
+
     def summary(self) -> dict[str, Any]:
         return summarize(self.stats.durations_ms, self.stats.persisted_bytes, self.sides)
 
@@ -221,10 +225,8 @@ def markdown(runs: list[PolicyRun], s: Settings, command: str = "", machine: str
 
 
 def write(runs: list[PolicyRun], s: Settings, out: Path, command: str = "", machine: str = "") -> str:
-    out.mkdir(parents=True, exist_ok=True)
-    text = markdown(runs, s, command, machine)
-    (out / "last-barrier.md").write_text(text)
-    data = {"settings": asdict(s), "runs": [{"policy": r.policy, **r.summary(), "sides": [asdict(x) for x in r.sides],
-                                             "stats": r.stats.as_dict()} for r in runs]}
-    (out / "last-barrier.json").write_text(json.dumps(data, indent=2, default=str))
-    return text
+    data = {"settings": asdict(s), "runs": [
+        {"policy": r.policy, **r.summary(), "sides": [asdict(x) for x in r.sides], "stats": r.stats.as_dict()}
+        for r in runs
+    ]}
+    return write_scenario(out, "last-barrier", markdown(runs, s, command, machine), data)

@@ -561,3 +561,11 @@ def _acks_dict(a: Any) -> dict | None:
     return {**asdict(a), "ratio": a.ratio, "completion_p50_ms": a.completion_p50()}
 
 
+def write_scenario(out: Path, name: str, text: str, data: dict[str, Any]) -> str:
+    """A scenario's own report: ``name``.md with ``text`` and ``name``.json with ``data``, in ``out``; returns text."""
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.md").write_text(text)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=2, default=str))
+    return text
