@@ -107,6 +107,14 @@ _BY_STATUS: dict[int, tuple[type[OvertakeError], str]] = {
 }
 
 
+def error_for_status(status: int, message: str, code: str | None = None, details: Any | None = None) -> OvertakeError:
+    """The exception the SDK raises for an error answer with this status (and error code, when known): for an
+    answer that came some other way than as a response, such as one item of a batch."""
+    cls, default = _BY_STATUS.get(status, (Unavailable if status >= 500 else OvertakeError, f"http_{status}"))
+    code = code or default
+    return _BY_CODE.get(code, cls)(status, code, message, details)
+
+
 def error_from_response(response: httpx.Response) -> OvertakeError:
     """The exception for an error response; reads the error shape, and copes with any other body."""
     status = response.status_code

@@ -46,6 +46,9 @@ class NetworkConfig:
     replayed yet is written into the new checkpoint's channel state (Flink 2.x's FLIP-547, off by default there
     too). Off: the attempt takes no checkpoint until every subtask replayed everything. A restore that rescaled
     the job takes none during recovery either way (see docs/recovery.md)."""
+    ack_relay: bool = True
+    """The subtasks of one host send their acks through one task's relay, which sends the acks that are waiting as
+    one request per checkpoint (``spark_plugin.task.ack_relay``). Off: every subtask sends its own ack requests."""
 
     def __post_init__(self) -> None:
         if self.buffer_size < 64:

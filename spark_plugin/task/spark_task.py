@@ -23,10 +23,10 @@ from contract.models import BlobLocation
 from spark_plugin.network.config import NetworkConfig
 from spark_plugin.plan.job import JobPlan
 from spark_plugin.plan.topology import SubtaskSpec
+from spark_plugin.task.ack_relay import AckRelay, RelayReporter, relay_of
 from spark_plugin.task.coordination import (
     DEFAULT_MAX_OUTAGE,
     SdkEvents,
-    SdkReporter,
     SubtaskIdentity,
     patiently,
 )
@@ -92,9 +92,10 @@ def run_task(bundle: TaskBundle, _partition: Any) -> Iterator[bytes]:
     who = SubtaskIdentity(bundle.job_id, bundle.attempt, spec.vertex, spec.subtask_index)
     events = SdkEvents(_client(bundle), bundle.job_id, bundle.events_after, bundle.max_outage)
     writer = StateWriter(f"{spec.vertex}-{spec.subtask_index}-a{bundle.attempt}.state")
+    reporter = RelayReporter(client, who, metrics_client, token=bundle.token)
     life = SubtaskLife(
         build_subtask(
-            bundle.plan, spec, SdkReporter(client, who, metrics_client), events, bundle.network, bundle.attempt,
+            bundle.plan, spec, reporter, events, bundle.network, bundle.attempt,
             stop_after_checkpoints=bundle.stop_after_checkpoints, max_outage=bundle.max_outage, state_writer=writer,
         )
     )
@@ -111,16 +112,28 @@ def run_task(bundle: TaskBundle, _partition: Any) -> Iterator[bytes]:
     finally:
         reader.close()
     port = life.listen("0.0.0.0")
-    peers = [
-        json.loads(m)
-        for m in ctx.allGather(json.dumps({"task": pid, "host": _task_host(ctx, pid), "port": port, "up": time.time()}))
-    ]
-    # one deadline for all tasks: the time limit counts from when the last task came up
-    if bundle.time_limit is not None:
-        life.subtask.deadline = max(m["up"] for m in peers) + bundle.time_limit
-    life.connect({m["task"]: (m["host"], m["port"]) for m in peers})
-    result = life.run()
-    result = life.end(result, wait_for_peers=ctx.barrier)  # every subtask left its loop: channels may close
-    client.close()
-    metrics_client.close()
+    # every task offers a relay; the lowest task of each host keeps its own, the others close theirs
+    relay = AckRelay(_client(bundle), bundle.job_id, bundle.token) if bundle.network.ack_relay else None
+    try:
+        me = {"task": pid, "host": _task_host(ctx, pid), "port": port, "up": time.time(),
+              "relay": relay.start() if relay is not None else None}
+        peers = [json.loads(m) for m in ctx.allGather(json.dumps(me))]
+        serving = relay_of(peers, pid)
+        if relay is not None and (serving is None or serving["task"] != pid):
+            relay.close()
+        reporter.use_relay(("127.0.0.1", serving["relay"]) if serving is not None else None)
+        # one deadline for all tasks: the time limit counts from when the last task came up
+        if bundle.time_limit is not None:
+            life.subtask.deadline = max(m["up"] for m in peers) + bundle.time_limit
+        life.connect({m["task"]: (m["host"], m["port"]) for m in peers})
+        result = life.run()
+        result = life.end(result, wait_for_peers=ctx.barrier)  # every subtask left its loop: channels may close
+        result.acks_relayed = reporter.relayed
+    finally:  # Spark reuses Python workers: nothing of this task may outlive it
+        reporter.close()
+        if relay is not None:
+            relay.close()
+            relay.client.close()
+        client.close()
+        metrics_client.close()
     yield pickle.dumps(result)

@@ -72,6 +72,8 @@ class SubtaskResult:
     acked: list[int] = field(default_factory=list)
     declined: list[int] = field(default_factory=list)
     report_errors: list[str] = field(default_factory=list)
+    acks_relayed: int = 0
+    """Acks sent through the host's ack relay (the rest went directly)."""
     records_in: int = 0
     bytes_in: int = 0
     bytes_out: int = 0

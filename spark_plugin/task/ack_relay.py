@@ -1,0 +1,330 @@
+"""One ack request per host, not per subtask: the host's ack relay.
+
+Spark runs every subtask in its own Python worker, so without help every subtask sends its own ack request and the
+coordinator pays a request's work (HTTP, the token, parsing, a transaction) per subtask. On each host one task of
+the stage (the lowest partition on it) runs an :class:`AckRelay`: a thread serving a loopback TCP port. The
+subtasks of that host (its own included) send it their acks through a :class:`RelayReporter`; the relay sends
+whatever acks are waiting as one batch request per checkpoint (``…/acks/batch``), and while one is on its way the
+next ones gather, so acks that finish together travel together. Each subtask gets its own ack's answer back, so
+retries, refusals and a discarded checkpoint behave exactly as with a request of its own.
+
+A relay is no new way to fail: the stage is a barrier stage, so the relay's task dying fails every task of the
+stage anyway. Until then, a subtask that cannot reach its relay (or gets no answer from it within
+``RELAY_WAIT``) acks on its own, directly, from then on. A relay takes acks only from a connection that
+presented the attempt's task token first.
+
+The wire: frames of a 4-byte big-endian length and a JSON object. A subtask sends ``{"token": ...}`` once, then
+``{"id", "checkpoint_id", "ack"}`` per ack; the relay answers ``{"id", "status", "code", "message"}``, where
+``status`` is the item's HTTP status, or 0 when the coordinator could not be reached.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import queue
+import socket
+import struct
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from client.errors import Conflict, CoordinatorUnreachable, OvertakeError, error_for_status
+from contract.models import SubtaskAck
+from spark_plugin.task.coordination import CheckpointDiscarded, SdkReporter, SubtaskIdentity
+
+log = logging.getLogger("overtake.relay")
+
+RELAY_WAIT = 60.0
+"""Seconds a subtask waits for its relay's answer before it acks on its own (the relay's own request is bounded by
+the SDK's timeout and retries, well within this)."""
+
+MAX_FRAME = 16 << 20
+_LEN = struct.Struct(">I")
+
+
+def _send_frame(sock: socket.socket, obj: dict) -> None:
+    data = json.dumps(obj, separators=(",", ":")).encode()
+    sock.sendall(_LEN.pack(len(data)) + data)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("the ack relay's connection closed")
+        buf += chunk
+    return bytes(buf)
+
+
+def _recv_frame(sock: socket.socket) -> dict:
+    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+    if n > MAX_FRAME:
+        raise ConnectionError(f"an ack relay frame of {n} bytes is larger than {MAX_FRAME}")
+    return json.loads(_recv_exact(sock, n))
+
+
+@dataclass
+class _Pending:
+    conn: _Connection
+    id: int
+    checkpoint_id: int
+    ack: dict[str, Any]
+
+
+class _Connection:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.lock = threading.Lock()
+
+    def answer(self, obj: dict) -> None:
+        try:
+            with self.lock:
+                _send_frame(self.sock, obj)
+        except OSError:
+            pass  # the subtask went away; it acks on its own if it is still there
+
+
+class AckRelay:
+    """The host's relay: takes acks over loopback from the subtasks of this host and sends them to the coordinator
+    in batches. ``client`` is an SDK client with the attempt's task token; ``token`` what subtasks must present."""
+
+    def __init__(self, client: Any, job_id: int, token: str | None) -> None:
+        self.client = client
+        self.job_id = job_id
+        self.token = token or ""
+        self.requests = 0
+        """Batch requests sent (for tests and benchmarks)."""
+        self.acks = 0
+        self._queue: queue.Queue[_Pending | None] = queue.Queue()
+        self._server: socket.socket | None = None
+        self._closed = threading.Event()
+        self._connections: list[_Connection] = []
+        self._lock = threading.Lock()
+
+    @property
+    def queued(self) -> int:
+        """Acks received and not yet on their way."""
+        return self._queue.qsize()
+
+    def start(self, host: str = "127.0.0.1") -> int:
+        """Listen (on loopback) and serve; returns the port."""
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind((host, 0))
+        server.listen(64)
+        self._server = server
+        threading.Thread(target=self._accept, name="overtake-ack-relay-accept", daemon=True).start()
+        threading.Thread(target=self._send, name="overtake-ack-relay", daemon=True).start()
+        return server.getsockname()[1]
+
+    def close(self) -> None:
+        """Stop taking acks; subtasks whose ack was not answered yet ack on their own."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._queue.put(None)
+        if self._server is not None:
+            try:
+                self._server.close()
+            except OSError:
+                pass
+        with self._lock:
+            connections = list(self._connections)
+        for c in connections:
+            try:
+                c.sock.shutdown(socket.SHUT_RDWR)
+                c.sock.close()
+            except OSError:
+                pass
+
+    def _accept(self) -> None:
+        assert self._server is not None
+        while not self._closed.is_set():
+            try:
+                sock, _ = self._server.accept()
+            except OSError:
+                return
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._read, args=(sock,), name="overtake-ack-relay-conn", daemon=True).start()
+
+    def _read(self, sock: socket.socket) -> None:
+        conn = _Connection(sock)
+        try:
+            sock.settimeout(10.0)
+            hello = _recv_frame(sock)
+            if not hmac.compare_digest(str(hello.get("token") or ""), self.token):
+                conn.answer({"id": None, "status": 401, "code": "unauthorized",
+                             "message": "the ack relay takes acks only with this attempt's task token"})
+                sock.close()
+                return
+            sock.settimeout(None)
+            with self._lock:
+                self._connections.append(conn)
+            conn.answer({"id": None, "status": 200})
+            while not self._closed.is_set():
+                frame = _recv_frame(sock)
+                self._queue.put(_Pending(conn, int(frame["id"]), int(frame["checkpoint_id"]), frame["ack"]))
+        except (OSError, ConnectionError, ValueError, KeyError, TypeError):
+            pass
+        finally:
+            with self._lock:
+                if conn in self._connections:
+                    self._connections.remove(conn)
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def _send(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            waiting = [first]
+            while True:  # everything that gathered while the last batch was on its way
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    self._queue.put(None)
+                    break
+                waiting.append(item)
+            by_checkpoint: dict[int, list[_Pending]] = defaultdict(list)
+            for p in waiting:
+                by_checkpoint[p.checkpoint_id].append(p)
+            for cp, items in sorted(by_checkpoint.items()):
+                self._batch(cp, items)
+
+    def _batch(self, checkpoint_id: int, items: list[_Pending]) -> None:
+        try:
+            self.requests += 1
+            self.acks += len(items)
+            result = self.client.ack_batch(self.job_id, checkpoint_id, [p.ack for p in items])
+        except OvertakeError as e:
+            status = 0 if isinstance(e, CoordinatorUnreachable) else (e.status_code or 0)
+            for p in items:
+                p.conn.answer({"id": p.id, "status": status, "code": e.code, "message": str(e)})
+            return
+        except Exception as e:  # noqa: BLE001 - a transport error: the subtasks retry
+            for p in items:
+                p.conn.answer({"id": p.id, "status": 0, "code": "unreachable", "message": repr(e)})
+            return
+        for p, item in zip(items, result.items, strict=True):
+            if item.ok:
+                p.conn.answer({"id": p.id, "status": 200})
+            else:
+                p.conn.answer({"id": p.id, "status": item.status_code, "code": None, "message": item.error or ""})
+
+
+class RelayUnusable(Exception):
+    """The relay cannot be reached or did not answer: ack directly."""
+
+
+class RelayClient:
+    """A subtask's connection to its host's relay; ``ack`` returns when the relay answered this ack."""
+
+    def __init__(self, address: tuple[str, int], token: str | None, wait: float = RELAY_WAIT) -> None:
+        self.wait = wait
+        self._lock = threading.Lock()
+        self._next = 0
+        try:
+            self.sock = socket.create_connection(address, timeout=5.0)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _send_frame(self.sock, {"token": token or ""})
+            hello = _recv_frame(self.sock)
+        except (OSError, ConnectionError, ValueError) as e:
+            raise RelayUnusable(f"the host's ack relay at {address[0]}:{address[1]} cannot be reached: {e}") from e
+        if hello.get("status") != 200:
+            self.sock.close()
+            raise RelayUnusable(f"the host's ack relay refused this subtask: {hello.get('message')}")
+        self.sock.settimeout(wait)
+
+    def ack(self, checkpoint_id: int, ack: dict) -> dict:
+        """The relay's answer for this ack (``status``, ``code``, ``message``). One ack at a time per subtask."""
+        with self._lock:
+            self._next += 1
+            mine = self._next
+            try:
+                _send_frame(self.sock, {"id": mine, "checkpoint_id": checkpoint_id, "ack": ack})
+                while True:
+                    answer = _recv_frame(self.sock)
+                    if answer.get("id") == mine:
+                        return answer
+            except (OSError, ConnectionError, ValueError) as e:
+                raise RelayUnusable(f"the host's ack relay did not answer: {e}") from e
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def raise_for(answer: dict, url: str) -> None:
+    """Raise what the SDK would have raised for this ack's own request (nothing for a 200)."""
+    status = int(answer.get("status") or 0)
+    if status == 200:
+        return
+    message = str(answer.get("message") or "")
+    if status == 0:
+        raise CoordinatorUnreachable(f"the ack relay could not reach the coordinator: {message}", url)
+    raise error_for_status(status, message, answer.get("code"))
+
+
+class RelayReporter(SdkReporter):
+    """:class:`SdkReporter` whose acks go through the host's :class:`AckRelay` once :meth:`use_relay` named it.
+    Everything else (acks with state through the coordinator, declines, metrics) goes directly, as before."""
+
+    def __init__(self, client: Any, who: SubtaskIdentity, metrics_client: Any | None = None,
+                 token: str | None = None) -> None:
+        super().__init__(client, who, metrics_client)
+        self.token = token
+        self.relay: RelayClient | None = None
+        self.relayed = 0
+
+    def use_relay(self, address: tuple[str, int] | None) -> None:
+        if address is None:
+            return
+        try:
+            self.relay = RelayClient(address, self.token)
+        except RelayUnusable as e:
+            log.warning("%s[%d] acks directly: %s", self.who.vertex, self.who.subtask_index, e)
+
+    def ack(self, checkpoint_id: int, ack: dict[str, Any]) -> None:
+        relay = self.relay
+        if relay is None:
+            return super().ack(checkpoint_id, ack)
+        w = self.who
+        body = SubtaskAck(attempt=w.attempt, vertex=w.vertex, subtask_index=w.subtask_index, **ack)
+        try:
+            answer = relay.ack(checkpoint_id, body.model_dump(mode="json"))
+        except RelayUnusable as e:
+            log.warning("%s[%d] acks directly from now on: %s", w.vertex, w.subtask_index, e)
+            self.relay = None
+            relay.close()
+            return super().ack(checkpoint_id, ack)
+        self.relayed += 1
+        try:
+            raise_for(answer, str(getattr(self.client, "base_url", "")))
+        except Conflict as e:
+            raise CheckpointDiscarded(str(e)) from e
+
+    def close(self) -> None:
+        if self.relay is not None:
+            self.relay.close()
+            self.relay = None
+
+
+def relay_of(peers: list[dict], me: int) -> dict | None:
+    """The peer whose relay serves task ``me``: the lowest task on the same host that runs one, or None."""
+    host = next((m["host"] for m in peers if m["task"] == me), None)
+    mine = [m for m in peers if m["host"] == host and m.get("relay")]
+    return min(mine, key=lambda m: m["task"]) if mine else None
+
+
+__all__ = ["AckRelay", "RelayClient", "RelayReporter", "RelayUnusable", "raise_for", "relay_of"]

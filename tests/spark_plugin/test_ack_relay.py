@@ -1,0 +1,204 @@
+"""The host's ack relay against a live coordinator with tokens: acks of several subtasks go as one request, every
+subtask gets its own ack's answer, and a relay that is wrong, away or gone never costs an ack."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from client.errors import CoordinatorUnreachable, NotFound
+from client.sync import OvertakeClient
+from spark_plugin.task.ack_relay import AckRelay, RelayClient, RelayReporter, RelayUnusable, relay_of
+from spark_plugin.task.coordination import CheckpointDiscarded, SubtaskIdentity
+
+N = 6
+
+
+@pytest.fixture
+def admin(secured_coordinator):
+    with OvertakeClient(secured_coordinator.url, token=secured_coordinator.admin_token) as c:
+        yield c
+
+
+@pytest.fixture
+def job(admin):
+    job = admin.create_job({
+        "name": f"relay-{time.time_ns()}",
+        "graph": {"vertices": [{"id": "v", "parallelism": N}]},
+        "checkpoint": {"policy": "unaligned", "retained": 1, "timeout": 600_000},
+    })
+    attempt = admin.start_attempt(job.id)
+    yield job, attempt
+    admin.cancel_job(job.id)
+
+
+class GatedClient:
+    """The relay's SDK client, holding its first batch until the test opens the gate."""
+
+    def __init__(self, client: OvertakeClient) -> None:
+        self.client = client
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.batches: list[int] = []
+
+    def ack_batch(self, job_id, checkpoint_id, acks):
+        self.entered.set()
+        assert self.gate.wait(30), "the test never opened the gate"
+        self.batches.append(len(acks))
+        return self.client.ack_batch(job_id, checkpoint_id, acks)
+
+
+def _reporters(url, attempt, job_id, port, n=N):
+    out = []
+    for i in range(n):
+        r = RelayReporter(OvertakeClient(url, attempt.task_token), SubtaskIdentity(job_id, attempt.attempt, "v", i),
+                          token=attempt.task_token)
+        r.use_relay(("127.0.0.1", port))
+        out.append(r)
+    return out
+
+
+def _wait(cond, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def test_acks_waiting_together_go_as_one_request_and_complete_the_checkpoint(secured_coordinator, admin, job):
+    job, attempt = job
+    gated = GatedClient(OvertakeClient(secured_coordinator.url, attempt.task_token))
+    relay = AckRelay(gated, job.id, attempt.task_token)
+    port = relay.start()
+    reporters = _reporters(secured_coordinator.url, attempt, job.id, port)
+    try:
+        cp = admin.trigger_checkpoint(job.id).id
+        errors: list[BaseException] = []
+
+        def ack(i: int) -> None:
+            try:
+                reporters[i].ack(cp, {"metrics": {"unaligned": True}})
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        first = threading.Thread(target=ack, args=(0,))
+        first.start()
+        assert gated.entered.wait(30)
+        rest = [threading.Thread(target=ack, args=(i,)) for i in range(1, N)]
+        for t in rest:
+            t.start()
+        _wait(lambda: relay.queued == N - 1, "the other acks to reach the relay")
+        gated.gate.set()
+        for t in [first, *rest]:
+            t.join(30)
+        assert not errors, errors
+        assert gated.batches == [1, N - 1]
+        assert relay.requests == 2 and relay.acks == N
+        assert all(r.relayed == 1 for r in reporters)
+        done = admin.get_checkpoint(job.id, cp)
+        assert done.status.value == "COMPLETED" and done.num_acknowledged_subtasks == N
+        # the same ack again, through the relay: a duplicate, answered as a success
+        reporters[3].ack(cp, {"metrics": {"unaligned": True}})
+        assert reporters[3].relayed == 2
+    finally:
+        for r in reporters:
+            r.close()
+        relay.close()
+
+
+def test_each_subtask_gets_its_own_refusal(secured_coordinator, admin, job):
+    job, attempt = job
+    relay = AckRelay(OvertakeClient(secured_coordinator.url, attempt.task_token), job.id, attempt.task_token)
+    port = relay.start()
+    reporters = _reporters(secured_coordinator.url, attempt, job.id, port, 2)
+    try:
+        cp = admin.trigger_checkpoint(job.id).id
+        reporters[0].ack(cp, {"metrics": {"unaligned": True}})
+        # a different ack for the same subtask: 409, which to a subtask means its checkpoint is gone
+        with pytest.raises(CheckpointDiscarded):
+            reporters[0].ack(cp, {"metrics": {"unaligned": False}})
+        # a subtask the graph does not have: 404 with the coordinator's message
+        stranger = RelayReporter(OvertakeClient(secured_coordinator.url, attempt.task_token),
+                                 SubtaskIdentity(job.id, attempt.attempt, "v", N + 3), token=attempt.task_token)
+        stranger.use_relay(("127.0.0.1", port))
+        with pytest.raises(NotFound, match="parallelism"):
+            stranger.ack(cp, {})
+        stranger.close()
+        # an aborted checkpoint: discarded, and the other subtask's ack is unaffected by the neighbour's refusal
+        stranger_ok = _reporters(secured_coordinator.url, attempt, job.id, port, 3)[2]
+        stranger_ok.decline(cp, "the test declines")  # aborts the checkpoint
+        stranger_ok.close()
+        with pytest.raises(CheckpointDiscarded):
+            reporters[1].ack(cp, {})
+        aborted = admin.get_checkpoint(job.id, cp)
+        assert aborted.status.value == "ABORTED" and aborted.num_acknowledged_subtasks == 1
+    finally:
+        for r in reporters:
+            r.close()
+        relay.close()
+
+
+def test_a_relay_without_the_attempts_token_is_not_used_and_the_ack_goes_directly(secured_coordinator, admin, job):
+    job, attempt = job
+    relay = AckRelay(OvertakeClient(secured_coordinator.url, attempt.task_token), job.id, "another-token")
+    port = relay.start()
+    try:
+        with pytest.raises(RelayUnusable, match="token"):
+            RelayClient(("127.0.0.1", port), attempt.task_token)
+        (r,) = _reporters(secured_coordinator.url, attempt, job.id, port, 1)
+        assert r.relay is None
+        cp = admin.trigger_checkpoint(job.id).id
+        r.ack(cp, {})
+        assert r.relayed == 0 and relay.acks == 0
+        assert admin.get_checkpoint(job.id, cp).num_acknowledged_subtasks == 1
+    finally:
+        relay.close()
+
+
+def test_a_relay_that_goes_away_costs_no_ack(secured_coordinator, admin, job):
+    job, attempt = job
+    relay = AckRelay(OvertakeClient(secured_coordinator.url, attempt.task_token), job.id, attempt.task_token)
+    port = relay.start()
+    reporters = _reporters(secured_coordinator.url, attempt, job.id, port, 2)
+    try:
+        cp = admin.trigger_checkpoint(job.id).id
+        reporters[0].ack(cp, {})
+        relay.close()
+        reporters[1].ack(cp, {})  # the relay's task is gone: acked directly
+        assert reporters[1].relay is None and reporters[1].relayed == 0
+        assert admin.get_checkpoint(job.id, cp).status.value == "PENDING"
+        assert admin.get_checkpoint(job.id, cp).num_acknowledged_subtasks == 2
+    finally:
+        for r in reporters:
+            r.close()
+
+
+def test_an_unreachable_coordinator_is_a_transient_error_for_the_subtask(secured_coordinator, admin, job):
+    job, attempt = job
+    dead = OvertakeClient("http://127.0.0.1:9", attempt.task_token, retries=0, timeout=2.0)
+    relay = AckRelay(dead, job.id, attempt.task_token)
+    port = relay.start()
+    (r,) = _reporters(secured_coordinator.url, attempt, job.id, port, 1)
+    try:
+        with pytest.raises(CoordinatorUnreachable):  # the ack worker retries it with its backoff
+            r.ack(1, {})
+        assert r.relay is not None  # the relay itself works: it stays in use
+    finally:
+        r.close()
+        relay.close()
+
+
+def test_the_lowest_task_of_each_host_serves_it():
+    peers = [
+        {"task": 0, "host": "a", "relay": 5000},
+        {"task": 1, "host": "b", "relay": 5001},
+        {"task": 2, "host": "a", "relay": 5002},
+        {"task": 3, "host": "b", "relay": 5003},
+        {"task": 4, "host": "c", "relay": None},
+    ]
+    assert relay_of(peers, 2)["task"] == 0
+    assert relay_of(peers, 3)["task"] == 1
+    assert relay_of(peers, 1)["task"] == 1
+    assert relay_of(peers, 4) is None
