@@ -6,6 +6,9 @@ rounds of the two paths state can take:
 - **direct** (the default, ``OVERTAKE_STATE_WRITES=direct``): the subtask writes its operator and channel state as one
   object under the checkpoint's prefix in the blob store itself (the runtime's ``StateWriter``: durable, fsynced),
   then sends an ack naming it; the coordinator stats the object and records the ack;
+- **direct, through the host's ack relay** (the runtime's default, ``NetworkConfig.ack_relay``): the same writes,
+  and the acks go through one :class:`~spark_plugin.task.ack_relay.AckRelay` (the N threads play the subtasks of one
+  host), which sends those that wait together as one batch request;
 - **through the coordinator**: blobs and ack in one request (``acks/with-state``), the coordinator storing them.
 
 The time until all N acked is the shortest end-to-end checkpoint duration N subtasks can reach on this machine and
@@ -31,11 +34,17 @@ class AckPathStats:
     all_acked_ms: list[float] = field(default_factory=list)
     """Through the coordinator, one request per subtask (blobs and ack): until all N acked."""
     direct_ms: list[float] = field(default_factory=list)
-    """Written into the store by each subtask, then an ack naming it: until all N acked."""
+    """Written into the store by each subtask, then an ack request of its own naming it: until all N acked."""
+    relay_ms: list[float] = field(default_factory=list)
+    """Written into the store by each subtask, then acked through the host's relay: until all N acked."""
+    relay_requests: int = 0
+    """Ack requests the relay sent over all its rounds (N per round without it)."""
     write_ms: list[float] = field(default_factory=list)
     """Direct path: each subtask's durable write of its object."""
     ack_ms: list[float] = field(default_factory=list)
     """Direct path: each subtask's ack request."""
+    relay_ack_ms: list[float] = field(default_factory=list)
+    """Direct path through the relay: each subtask's ack, until the relay answered it."""
 
     @staticmethod
     def _p50(xs: list[float]) -> float | None:
@@ -50,18 +59,24 @@ class AckPathStats:
     def direct_p50(self) -> float | None:
         return self._p50(self.direct_ms)
 
+    @property
+    def relay_p50(self) -> float | None:
+        return self._p50(self.relay_ms)
+
     def as_dict(self) -> dict:
         d = asdict(self)
-        d.update(p50=self.p50, direct_p50=self.direct_p50, write_p50=self._p50(self.write_ms),
-                 ack_p50=self._p50(self.ack_ms))
+        d.update(p50=self.p50, direct_p50=self.direct_p50, relay_p50=self.relay_p50, write_p50=self._p50(self.write_ms),
+                 ack_p50=self._p50(self.ack_ms), relay_ack_p50=self._p50(self.relay_ack_ms))
         return d
 
 
 def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause: float = 0.3) -> AckPathStats:
-    """``rounds`` checkpoints of each path (alternating) of a fresh job with ``subtasks`` subtasks, each subtask
+    """``rounds`` checkpoints of each path (in turn) of a fresh job with ``subtasks`` subtasks, each subtask
     acked by its own thread. The coordinator must hand out write targets (``OVERTAKE_STATE_WRITES=direct``)."""
     from client.sync import OvertakeClient
     from contract.models import EventType, WriteTarget
+    from spark_plugin.task.ack_relay import AckRelay, RelayReporter
+    from spark_plugin.task.coordination import SubtaskIdentity
     from spark_plugin.task.state_store import StateWriter
 
     st = AckPathStats(subtasks, rounds, channel_blob_bytes)
@@ -73,12 +88,19 @@ def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause
         channel = os.urandom(channel_blob_bytes)
         operator = os.urandom(2048)
         lock = threading.Lock()
+        relay = AckRelay(OvertakeClient(url, attempt.task_token), job.id, attempt.task_token)
+        port = relay.start()
+        reporters = []
+        for i in range(subtasks):
+            reporters.append(RelayReporter(clients[i], SubtaskIdentity(job.id, attempt.attempt, "v", i),
+                                           token=attempt.task_token))
+            reporters[i].use_relay(("127.0.0.1", port))
         try:
-            for r in range(2 * rounds):
+            for r in range(3 * rounds):
                 cp = admin.trigger_checkpoint(job.id).id
-                direct = r % 2 == 0
+                mode = ("direct", "relay", "coordinator")[r % 3]
                 target = None
-                if direct:
+                if mode != "coordinator":
                     for ev in admin.event_history(job.id, after=after, limit=1000):
                         if ev.type == EventType.checkpoint_triggered and ev.data["checkpoint_id"] == cp:
                             target = ev.data.get("target")
@@ -87,7 +109,7 @@ def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause
                                            "OVERTAKE_STATE_WRITES=direct")
                     target = WriteTarget.model_validate(target)
 
-                def one(i: int, cp: int = cp, r: int = r, target=target) -> None:
+                def one(i: int, cp: int = cp, r: int = r, target=target, mode: str = mode) -> None:
                     c = clients[i]
                     tag = r.to_bytes(4, "little") + i.to_bytes(4, "little")
                     head = {"attempt": attempt.attempt, "vertex": "v", "subtask_index": i}
@@ -98,12 +120,16 @@ def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause
                     a = time.perf_counter()
                     written = writers[i].write(target, operator + tag, channel + tag)
                     b = time.perf_counter()
-                    c.ack(job.id, cp, {**head, "written": written.model_dump(mode="json"),
-                                       "metrics": {"unaligned": True, "persisted_data": written.channel_size}})
+                    ack = {"written": written.model_dump(mode="json"),
+                           "metrics": {"unaligned": True, "persisted_data": written.channel_size}}
+                    if mode == "relay":
+                        reporters[i].ack(cp, ack)
+                    else:
+                        c.ack(job.id, cp, {**head, **ack})
                     e = time.perf_counter()
                     with lock:
                         st.write_ms.append((b - a) * 1000)
-                        st.ack_ms.append((e - b) * 1000)
+                        (st.relay_ack_ms if mode == "relay" else st.ack_ms).append((e - b) * 1000)
 
                 t0 = time.perf_counter()
                 threads = [threading.Thread(target=one, args=(i,)) for i in range(subtasks)]
@@ -111,8 +137,14 @@ def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause
                     t.start()
                 for t in threads:
                     t.join()
-                (st.direct_ms if direct else st.all_acked_ms).append((time.perf_counter() - t0) * 1000)
+                took = (time.perf_counter() - t0) * 1000
+                {"direct": st.direct_ms, "relay": st.relay_ms, "coordinator": st.all_acked_ms}[mode].append(took)
                 time.sleep(pause)
         finally:
+            st.relay_requests = relay.requests
+            for rep in reporters:
+                rep.close()
+            relay.close()
+            relay.client.close()
             close_job(admin, job, attempt, clients)
     return st
