@@ -82,17 +82,21 @@ async def handle_ack_batch(state: Any, job_id: int, checkpoint_id: int, body: by
         return _error(exc)
     items = []
     for a, r in zip(batch.acks, results, strict=True):
+        # built from values the coordinator made itself: constructed without validating them again
         if isinstance(r, DomainError):
             items.append(
-                AckBatchItem(
-                    vertex=a.vertex, subtask_index=a.subtask_index, ok=False, status_code=r.status_code, error=r.message
+                AckBatchItem.model_construct(
+                    vertex=a.vertex, subtask_index=a.subtask_index, ok=False, status_code=r.status_code,
+                    error=r.message, result=None,
                 )
             )
         else:
             items.append(
-                AckBatchItem(vertex=a.vertex, subtask_index=a.subtask_index, ok=True, status_code=200, result=r)
+                AckBatchItem.model_construct(
+                    vertex=a.vertex, subtask_index=a.subtask_index, ok=True, status_code=200, result=r, error=None
+                )
             )
-    return 200, AckBatchResult(items=items).model_dump_json().encode()
+    return 200, AckBatchResult.model_construct(items=items).model_dump_json().encode()
 
 
 async def _submit_written(state: Any, job_id: int, checkpoint_id: int, acks: list[SubtaskAck], token_attempt):

@@ -78,10 +78,12 @@ async def check(ctx: Context, job_id: int, cp_id: int, acks: list[SubtaskAck]) -
             checks[i] = WrittenCheck(refusal=refusal)
         else:
             to_stat.append(i)
-    sizes = await asyncio.gather(
-        *(asyncio.wait_for(ctx.store.size(acks[i].written.key), STAT_TIMEOUT) for i in to_stat),
-        return_exceptions=True,
-    )
+    sizes: list = []
+    if to_stat:
+        try:
+            sizes = await asyncio.wait_for(ctx.store.sizes([acks[i].written.key for i in to_stat]), STAT_TIMEOUT)
+        except Exception as e:  # noqa: BLE001 - no answer within the bound, or the store failed: each ack says so
+            sizes = [e] * len(to_stat)
     for i, size in zip(to_stat, sizes, strict=True):
         checks[i] = WrittenCheck(missing=_missing(acks[i], size))
     return checks
