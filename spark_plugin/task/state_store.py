@@ -68,11 +68,31 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _make_dirs(directory: Path, root: Path | None) -> list[Path]:
+    """Create ``directory`` and its missing parents (up to ``root``); returns those this call created, top first."""
+    missing = []
+    d = directory
+    while not d.is_dir():
+        missing.append(d)
+        if d == root or d.parent == d:
+            break
+        d = d.parent
+    created = []
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+            created.append(d)
+        except FileExistsError:
+            pass  # another subtask made it: that one makes its entry durable before it acks
+    return created
+
+
 def _durable_write(path: Path, data: bytes, root: Path | None = None) -> None:
-    """Write ``data`` to ``path`` so that it survives a crash: a temporary file, fsynced, renamed into place, then
-    every directory from the file's up to ``root`` fsynced (the checkpoint's directory is new, so its own entry
-    must be durable too)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``data`` to ``path`` so that it survives a crash: a temporary file, fsynced, renamed into place, its
+    directory fsynced, and the parent of every directory this write created fsynced too (the checkpoint's
+    directory is new, so its own entry must be durable). A directory another subtask created is that subtask's to
+    make durable: it does so before it acks, and a checkpoint completes only once every subtask acked."""
+    created = _make_dirs(path.parent, root)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -83,12 +103,10 @@ def _durable_write(path: Path, data: bytes, root: Path | None = None) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    directory = path.parent
-    while True:
-        _fsync_dir(directory)
-        if root is None or directory == root or directory.parent == directory:
-            break
-        directory = directory.parent
+    _fsync_dir(path.parent)
+    for d in reversed(created):
+        if d.parent != d:
+            _fsync_dir(d.parent)
 
 
 class StateWriter:

@@ -35,6 +35,24 @@ def test_state_is_written_as_one_object_under_the_checkpoints_prefix_and_describ
     assert [p.name for p in path.parent.iterdir()] == ["count-1-a2.state"]  # no temporary file left behind
 
 
+def test_a_write_makes_its_file_and_every_directory_it_created_durable_and_no_more(tmp_path, monkeypatch):
+    import spark_plugin.task.state_store as store
+
+    synced: list[Path] = []
+    real = store._fsync_dir
+    monkeypatch.setattr(store, "_fsync_dir", lambda p: (synced.append(p), real(p)))
+    StateWriter("a.state").write(target(tmp_path), b"op", b"ch")
+    job, cp = tmp_path / "job-1", tmp_path / "job-1" / "cp-000000000003"
+    # the file's entry in the new checkpoint directory, that directory's entry, the new job directory's entry
+    assert synced == [cp, job, tmp_path]
+    synced.clear()
+    StateWriter("b.state").write(target(tmp_path), b"op", b"ch")
+    assert synced == [cp]  # the directories exist: the subtask that created them made them durable before acking
+    synced.clear()
+    StateWriter("c.state").write(target(tmp_path, "job-1/cp-000000000004/"), b"op", b"ch")
+    assert synced == [job / "cp-000000000004", job]
+
+
 @pytest.mark.parametrize(("op", "ch"), [(b"op", None), (None, b"ch"), (None, None)])
 def test_missing_parts_have_no_checksum_and_the_handle_stays_valid(tmp_path, op, ch):
     written = StateWriter("s.state").write(target(tmp_path), op, ch)
