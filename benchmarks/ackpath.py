@@ -43,6 +43,10 @@ class AckPathStats:
     """Direct path: each subtask's durable write of its object."""
     ack_ms: list[float] = field(default_factory=list)
     """Direct path: each subtask's ack request."""
+    relay_control_ms: list[float] = field(default_factory=list)
+    """Through the relay: from the last subtask's state being durable to all N acked (the control path alone)."""
+    direct_control_ms: list[float] = field(default_factory=list)
+    """The same with an ack request per subtask."""
     relay_ack_ms: list[float] = field(default_factory=list)
     """Direct path through the relay: each subtask's ack, until the relay answered it."""
 
@@ -66,7 +70,8 @@ class AckPathStats:
     def as_dict(self) -> dict:
         d = asdict(self)
         d.update(p50=self.p50, direct_p50=self.direct_p50, relay_p50=self.relay_p50, write_p50=self._p50(self.write_ms),
-                 ack_p50=self._p50(self.ack_ms), relay_ack_p50=self._p50(self.relay_ack_ms))
+                 ack_p50=self._p50(self.ack_ms), relay_ack_p50=self._p50(self.relay_ack_ms),
+                 relay_control_p50=self._p50(self.relay_control_ms), direct_control_p50=self._p50(self.direct_control_ms))
         return d
 
 
@@ -109,7 +114,9 @@ def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause
                                            "OVERTAKE_STATE_WRITES=direct")
                     target = WriteTarget.model_validate(target)
 
-                def one(i: int, cp: int = cp, r: int = r, target=target, mode: str = mode) -> None:
+                durable: list[float] = []  # when each subtask's state was durable
+
+                def one(i: int, cp: int = cp, r: int = r, target=target, mode: str = mode, durable=durable) -> None:
                     c = clients[i]
                     tag = r.to_bytes(4, "little") + i.to_bytes(4, "little")
                     head = {"attempt": attempt.attempt, "vertex": "v", "subtask_index": i}
@@ -120,6 +127,8 @@ def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause
                     a = time.perf_counter()
                     written = writers[i].write(target, operator + tag, channel + tag)
                     b = time.perf_counter()
+                    with lock:
+                        durable.append(b)
                     ack = {"written": written.model_dump(mode="json"),
                            "metrics": {"unaligned": True, "persisted_data": written.channel_size}}
                     if mode == "relay":
@@ -137,7 +146,11 @@ def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause
                     t.start()
                 for t in threads:
                     t.join()
-                took = (time.perf_counter() - t0) * 1000
+                end = time.perf_counter()
+                took = (end - t0) * 1000
+                if durable and mode != "coordinator":
+                    control = st.relay_control_ms if mode == "relay" else st.direct_control_ms
+                    control.append((end - max(durable)) * 1000)
                 {"direct": st.direct_ms, "relay": st.relay_ms, "coordinator": st.all_acked_ms}[mode].append(took)
                 time.sleep(pause)
         finally:

@@ -27,6 +27,7 @@ import queue
 import socket
 import struct
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,10 @@ log = logging.getLogger("overtake.relay")
 RELAY_WAIT = 60.0
 """Seconds a subtask waits for its relay's answer before it acks on its own (the relay's own request is bounded by
 the SDK's timeout and retries, well within this)."""
+
+LINGER = 0.003
+"""Seconds the relay holds a checkpoint's first ack for the acks of the host's other subtasks (it sends at once
+when every connected subtask acked): subtasks that finish together go as one request."""
 
 MAX_FRAME = 16 << 20
 _LEN = struct.Struct(">I")
@@ -100,6 +105,7 @@ class AckRelay:
         """Batch requests sent (for tests and benchmarks)."""
         self.acks = 0
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
+        self._relayed: dict[int, int] = {}  # checkpoint -> acks relayed for it so far
         self._server: socket.socket | None = None
         self._closed = threading.Event()
         self._connections: list[_Connection] = []
@@ -185,11 +191,21 @@ class AckRelay:
             if first is None:
                 return
             waiting = [first]
-            while True:  # everything that gathered while the last batch was on its way
+            # everything that gathered while the last batch was on its way, and what else arrives for this
+            # checkpoint until every connected subtask acked it or LINGER passed
+            with self._lock:
+                expected = len(self._connections)
+            deadline = time.monotonic() + LINGER
+            before = self._relayed.get(first.checkpoint_id, 0)  # acks of this checkpoint sent in earlier batches
+            while True:
+                mine = before + sum(1 for p in waiting if p.checkpoint_id == first.checkpoint_id)
+                left = deadline - time.monotonic()
                 try:
-                    item = self._queue.get_nowait()
+                    item = self._queue.get_nowait() if mine >= expected or left <= 0 else self._queue.get(timeout=left)
                 except queue.Empty:
-                    break
+                    if mine >= expected or left <= 0:
+                        break
+                    continue
                 if item is None:
                     self._queue.put(None)
                     break
@@ -198,7 +214,10 @@ class AckRelay:
             for p in waiting:
                 by_checkpoint[p.checkpoint_id].append(p)
             for cp, items in sorted(by_checkpoint.items()):
+                self._relayed[cp] = self._relayed.get(cp, 0) + len(items)
                 self._batch(cp, items)
+            for cp in [c for c in self._relayed if c < max(by_checkpoint) - 64]:
+                del self._relayed[cp]
 
     def _batch(self, checkpoint_id: int, items: list[_Pending]) -> None:
         try:
