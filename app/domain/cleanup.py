@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import delete, exists, or_, select, update
+from sqlalchemy import bindparam, delete, exists, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm.attributes import set_committed_value
 
 from app.blobstore import BlobStore, blob_key, checkpoint_prefix
 from app.db.models import AckRow, BlobRow, ChannelStateRefRow, CheckpointRow
@@ -36,6 +37,17 @@ PREFIX = "prefix"
 UNREFERENCED = "unreferenced"
 HELD = "held"
 RETRY_AFTER_MS = 30_000  # a cleaning that failed is tried again this much later
+
+_BLOBS = BlobRow.__table__
+_MARK_DELETING = (
+    update(_BLOBS)
+    .where(
+        _BLOBS.c.job_id == bindparam("c_job"),
+        _BLOBS.c.checkpoint_id.in_(bindparam("c_ids", expanding=True)),
+        _BLOBS.c.status == "stored",
+    )
+    .values(status="deleting")
+)
 
 
 def clean_after_commit(session: AsyncSession, job_id: int, checkpoint_ids: list[int]) -> None:
@@ -68,11 +80,14 @@ async def release(
     released = checkpoint_ids if unreferenced else await _unless_referenced(s, job_id, checkpoint_ids)
     if not released:
         return
-    await s.execute(
-        update(BlobRow)
-        .where(BlobRow.job_id == job_id, BlobRow.checkpoint_id.in_(released), BlobRow.status == "stored")
-        .values(status="deleting")
-    )
+    await s.flush()  # as an ORM statement would: the statement below bypasses the session
+    await (await s.connection()).execute(_MARK_DELETING, {"c_job": job_id, "c_ids": released})
+    ids = set(released)
+    for obj in s.sync_session.identity_map.values():  # a blob loaded in the session learns what changed
+        if isinstance(obj, BlobRow):
+            loaded = obj.__dict__  # its loaded attributes only (reading an expired one would load it)
+            if loaded.get("job_id") == job_id and loaded.get("checkpoint_id") in ids and loaded.get("status") == "stored":
+                set_committed_value(obj, "status", "deleting")
     if marked:
         given = set(checkpoint_ids)
         unmarked = [cp for cp in released if cp not in given]  # freed by the references their channel state held
