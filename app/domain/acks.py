@@ -22,8 +22,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import AckRow, BlobRow, ChannelStateRefRow, CheckpointRow, JobRow
 from app.db.session import TransientDatabaseError
-from app.domain import lifecycle, written
-from app.domain.checkpoints import check_parallelism, complete_checkpoint, get_checkpoint_or_404
+from app.domain import cleanup, lifecycle, written
+from app.domain.checkpoints import (
+    OLDER_PENDING,
+    check_parallelism,
+    complete_checkpoint,
+    get_checkpoint_or_404,
+)
 from app.domain.context import BackgroundWorker, Context, after_commit, now_ms
 from app.domain.jobs import token_refusal
 from app.domain.lifecycle import COMPLETED, PENDING, Prior, SubtaskRequest, Verdict, belongs_to_attempt
@@ -63,6 +68,14 @@ _LOCK_JOB_WITH_CP = (
     .with_for_update(of=_JOBS)
 )
 _NUM_ACKED = select(_CHECKPOINTS.c.num_acked).where(_THIS_CP)
+# The job and checkpoint rows a completing ack loads (the checkpoint's reloaded: `_ADD_ACKS` changed it), with whether
+# older checkpoints are pending (to subsume) and whether the job has channel state references (to keep).
+_COMPLETING = (
+    select(JobRow, CheckpointRow, OLDER_PENDING, cleanup.any_reference(JobRow.id))
+    .join(CheckpointRow, CheckpointRow.job_id == JobRow.id)
+    .where(JobRow.id == _JOB, CheckpointRow.id == _CP)
+    .execution_options(populate_existing=True)
+)
 _LONGEST = bindparam("b_longest", type_=BigInteger)
 _ADD_ACKS = (
     update(_CHECKPOINTS)
@@ -365,9 +378,14 @@ class AckCommitter(BackgroundWorker):
             }
             num_acked = (await conn.execute(_ADD_ACKS, params)).scalar_one()
             if num_acked == num_subtasks:
-                job = await s.get(JobRow, job_id)
-                cp_row = await s.get(CheckpointRow, (job_id, cp_id), populate_existing=True)
-                await complete_checkpoint(s, job, cp_row, now)
+                # the rows to complete (the checkpoint's as the statements above left it) and the facts completing
+                # reads, in one round trip
+                job, cp_row, older_pending, referenced = (
+                    await s.execute(_COMPLETING, {"b_job": job_id, "b_cp": cp_id})
+                ).one()
+                await complete_checkpoint(
+                    s, job, cp_row, now, older_pending=older_pending, referenced=referenced
+                )
                 status = COMPLETED
         if num_acked is None:
             num_acked = (await conn.execute(_NUM_ACKED, {"b_job": job_id, "b_cp": cp_id})).scalar_one()

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from sqlalchemy import func, select, update
+from sqlalchemy import BigInteger, Integer, bindparam, exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import aliased
+from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.orm.util import identity_key
 
 from app.db.models import CheckpointRow, JobRow
-from app.domain import lifecycle
+from app.domain import cleanup, lifecycle
 from app.domain.adaptive import Observations, Seen
 from app.domain.context import after_commit, get_job_or_404, now_ms
 from app.domain.lifecycle import (
@@ -198,8 +201,21 @@ async def trigger(
     return cp
 
 
-async def complete_checkpoint(s: AsyncSession, job: JobRow, cp: CheckpointRow, now: int) -> None:
-    """PENDING -> COMPLETED in the transaction of the last ack; then subsume older pending ones and collect."""
+async def complete_checkpoint(
+    s: AsyncSession,
+    job: JobRow,
+    cp: CheckpointRow,
+    now: int,
+    *,
+    older_pending: bool | None = None,
+    referenced: bool | None = None,
+) -> None:
+    """PENDING -> COMPLETED in the transaction of the last ack; then subsume older pending ones and collect.
+
+    What the caller read in this transaction under the job row lock (None: not read, so it is looked up):
+    `older_pending`, whether an older checkpoint of the job that is not a savepoint is pending (`OLDER_PENDING`);
+    `referenced`, whether the job has a channel state reference (`cleanup.any_reference`, read after the
+    transaction's last insert of one). False lets the checkpoints this releases skip looking up references."""
     lifecycle.complete(cp, job, now)
     job.updated_at = now
     emit(
@@ -219,19 +235,28 @@ async def complete_checkpoint(s: AsyncSession, job: JobRow, cp: CheckpointRow, n
     duration = (now - cp.trigger_ts) / 1000
     after_commit(s, lambda: (CHECKPOINTS.labels("completed").inc(), CHECKPOINT_DURATION.observe(duration)))
     if not cp.is_savepoint:
-        older = (
-            await s.execute(
-                select(CheckpointRow).where(
-                    CheckpointRow.job_id == job.id,
-                    CheckpointRow.status == PENDING,
-                    CheckpointRow.id < cp.id,
-                    CheckpointRow.is_savepoint.is_(False),
+        if older_pending is not False:
+            older = (
+                await s.execute(
+                    select(CheckpointRow).where(
+                        CheckpointRow.job_id == job.id,
+                        CheckpointRow.status == PENDING,
+                        CheckpointRow.id < cp.id,
+                        CheckpointRow.is_savepoint.is_(False),
+                    )
                 )
-            )
-        ).scalars()
-        for old in list(older):
-            await abort_checkpoint(s, job, old, AbortReason.subsumed, f"checkpoint {cp.id} completed", now)
-        await apply_retention(s, job)
+            ).scalars()
+            for old in list(older):
+                await abort_checkpoint(
+                    s,
+                    job,
+                    old,
+                    AbortReason.subsumed,
+                    f"checkpoint {cp.id} completed",
+                    now,
+                    unreferenced=referenced is False,
+                )
+        await apply_retention(s, job, unreferenced=referenced is False)
     if cp.stop_job:
         await lifecycle.end_job(
             s,
@@ -244,31 +269,70 @@ async def complete_checkpoint(s: AsyncSession, job: JobRow, cp: CheckpointRow, n
         )
 
 
-async def apply_retention(s: AsyncSession, job: JobRow) -> list[int]:
-    """Keep the newest `retained` completed checkpoints; discard older ones' blobs. Never savepoints, never the latest."""
-    retained = max(1, int(job.config.get("retained", 1)))
-    ids = list(
-        (
-            await s.execute(
-                select(CheckpointRow.id)
-                .where(
-                    CheckpointRow.job_id == job.id,
-                    CheckpointRow.status == COMPLETED,
-                    CheckpointRow.is_savepoint.is_(False),
-                    CheckpointRow.discarded.is_(False),
-                )
-                .order_by(CheckpointRow.id.desc())
-            )
-        ).scalars()
+_CPS = CheckpointRow.__table__
+_OLDER = aliased(CheckpointRow)
+OLDER_PENDING = (
+    exists()
+    .where(
+        _OLDER.job_id == CheckpointRow.job_id,
+        _OLDER.status == PENDING,
+        _OLDER.id < CheckpointRow.id,
+        _OLDER.is_savepoint.is_(False),
     )
-    drop = [i for i in ids[retained:] if i != job.latest_completed_id]
+    .correlate(CheckpointRow)
+)
+"""SQL, in a select of a checkpoint: whether an older checkpoint of its job that is not a savepoint is pending
+(those its completion subsumes)."""
+
+_R_JOB = bindparam("r_job", type_=_CPS.c.job_id.type)
+_NEWEST_FIRST_BEYOND_RETAINED = (
+    select(_CPS.c.id)
+    .where(
+        _CPS.c.job_id == _R_JOB,
+        _CPS.c.status == COMPLETED,
+        _CPS.c.is_savepoint.is_(False),
+        _CPS.c.discarded.is_(False),
+    )
+    .order_by(_CPS.c.id.desc())
+    .offset(bindparam("r_retained", type_=Integer))
+)
+# Retention in one statement: discard (and mark for cleaning) the completed checkpoints beyond the newest `retained`,
+# never the latest.
+_DISCARD_BEYOND_RETAINED = (
+    update(_CPS)
+    .where(
+        _CPS.c.job_id == _R_JOB,
+        _CPS.c.id != bindparam("r_latest", type_=BigInteger),
+        _CPS.c.id.in_(_NEWEST_FIRST_BEYOND_RETAINED),
+    )
+    .values(discarded=True, cleanup=cleanup.PREFIX, cleanup_at=bindparam("r_now", type_=BigInteger))
+    .returning(_CPS.c.id)
+)
+
+
+async def apply_retention(s: AsyncSession, job: JobRow, *, unreferenced: bool = False) -> list[int]:
+    """Keep the newest `retained` completed checkpoints; discard older ones' blobs. Never savepoints, never the latest.
+    `unreferenced`: the job has no channel state reference (`cleanup.release`)."""
+    retained = max(1, int(job.config.get("retained", 1)))
+    now = now_ms()
+    await s.flush()  # the statement reads the checkpoints as this transaction changed them (the one just completed)
+    conn = await s.connection()
+    params = {
+        "r_job": job.id,
+        "r_retained": retained,
+        "r_latest": -1 if job.latest_completed_id is None else job.latest_completed_id,
+        "r_now": now,
+    }
+    drop = sorted((await conn.execute(_DISCARD_BEYOND_RETAINED, params)).scalars(), reverse=True)
     if drop:
-        await s.execute(
-            update(CheckpointRow)
-            .where(CheckpointRow.job_id == job.id, CheckpointRow.id.in_(drop))
-            .values(discarded=True)
-        )
-        await release_blobs(s, job.id, drop, now_ms())
+        identities = s.sync_session.identity_map
+        for cp_id in drop:  # the statement bypassed the session: a checkpoint loaded in it learns what changed
+            loaded = identities.get(identity_key(CheckpointRow, (job.id, cp_id)))
+            if loaded is not None:
+                set_committed_value(loaded, "discarded", True)
+                set_committed_value(loaded, "cleanup", cleanup.PREFIX)
+                set_committed_value(loaded, "cleanup_at", now)
+        await release_blobs(s, job.id, drop, now, marked=True, unreferenced=unreferenced)
     return drop
 
 

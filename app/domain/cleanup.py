@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import bindparam, delete, exists, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm.attributes import set_committed_value
 
 from app.blobstore import BlobStore, blob_key, checkpoint_prefix
 from app.db.models import AckRow, BlobRow, ChannelStateRefRow, CheckpointRow
@@ -37,6 +38,17 @@ UNREFERENCED = "unreferenced"
 HELD = "held"
 RETRY_AFTER_MS = 30_000  # a cleaning that failed is tried again this much later
 
+_BLOBS = BlobRow.__table__
+_MARK_DELETING = (
+    update(_BLOBS)
+    .where(
+        _BLOBS.c.job_id == bindparam("c_job"),
+        _BLOBS.c.checkpoint_id.in_(bindparam("c_ids", expanding=True)),
+        _BLOBS.c.status == "stored",
+    )
+    .values(status="deleting")
+)
+
 
 def clean_after_commit(session: AsyncSession, job_id: int, checkpoint_ids: list[int]) -> None:
     """Clean these checkpoints' prefixes once the session's transaction has committed."""
@@ -47,25 +59,53 @@ def pending_cleanups(session: AsyncSession) -> list[tuple[int, int]]:
     return session.info.pop("overtake_cleanup", [])
 
 
-async def release(s: AsyncSession, job_id: int, checkpoint_ids: list[int], now: int) -> None:
+async def release(
+    s: AsyncSession,
+    job_id: int,
+    checkpoint_ids: list[int],
+    now: int,
+    *,
+    marked: bool = False,
+    unreferenced: bool = False,
+) -> None:
     """Nothing references these checkpoints' state any more: mark their blobs and their prefixes for deletion,
-    which happens after the commit (`clean_after_commit`) and, should it fail, in the sweep."""
+    which happens after the commit (`clean_after_commit`) and, should it fail, in the sweep.
+
+    `marked`: the statement that released them already set their ``cleanup`` to ``prefix`` and ``cleanup_at`` to
+    `now` (a checkpoint held after all is then set to ``held`` here). `unreferenced`: the caller read in this
+    transaction, under the job row lock and after its last insert of references, that the job has no channel state
+    reference at all (`any_reference`), so none is looked up."""
     if not checkpoint_ids:
         return
-    checkpoint_ids = await _unless_referenced(s, job_id, checkpoint_ids)
-    if not checkpoint_ids:
+    released = checkpoint_ids if unreferenced else await _unless_referenced(s, job_id, checkpoint_ids)
+    if not released:
         return
-    await s.execute(
-        update(BlobRow)
-        .where(BlobRow.job_id == job_id, BlobRow.checkpoint_id.in_(checkpoint_ids), BlobRow.status == "stored")
-        .values(status="deleting")
-    )
-    await s.execute(
-        update(CheckpointRow)
-        .where(CheckpointRow.job_id == job_id, CheckpointRow.id.in_(checkpoint_ids))
-        .values(cleanup=PREFIX, cleanup_at=now)
-    )
-    clean_after_commit(s, job_id, checkpoint_ids)
+    await s.flush()  # as an ORM statement would: the statement below bypasses the session
+    await (await s.connection()).execute(_MARK_DELETING, {"c_job": job_id, "c_ids": released})
+    ids = set(released)
+    for obj in s.sync_session.identity_map.values():  # a blob loaded in the session learns what changed
+        if isinstance(obj, BlobRow):
+            loaded = obj.__dict__  # its loaded attributes only (reading an expired one would load it)
+            if loaded.get("job_id") == job_id and loaded.get("checkpoint_id") in ids and loaded.get("status") == "stored":
+                set_committed_value(obj, "status", "deleting")
+    if marked:
+        given = set(checkpoint_ids)
+        unmarked = [cp for cp in released if cp not in given]  # freed by the references their channel state held
+    else:
+        unmarked = released
+    if unmarked:
+        await s.execute(
+            update(CheckpointRow)
+            .where(CheckpointRow.job_id == job_id, CheckpointRow.id.in_(unmarked))
+            .values(cleanup=PREFIX, cleanup_at=now)
+        )
+    clean_after_commit(s, job_id, released)
+
+
+def any_reference(job_id):
+    """SQL: whether the job (`job_id`: a column expression of the enclosing select) has a channel state reference."""
+    refs = ChannelStateRefRow.__table__
+    return exists().where(refs.c.job_id == job_id).correlate_except(refs)
 
 
 async def _unless_referenced(s: AsyncSession, job_id: int, checkpoint_ids: list[int]) -> list[int]:
@@ -73,15 +113,21 @@ async def _unless_referenced(s: AsyncSession, job_id: int, checkpoint_ids: list[
     are dropped (which may free checkpoints held for them alone), and a checkpoint that a checkpoint not released
     still references is held instead."""
     refs = ChannelStateRefRow
-    were_referenced = set(
-        (
-            await s.execute(
-                select(refs.ref_checkpoint_id)
-                .where(refs.job_id == job_id, refs.checkpoint_id.in_(checkpoint_ids))
-                .distinct()
+    # Both directions in one read: what their channel state references, and who references them.
+    pairs = (
+        await s.execute(
+            select(refs.checkpoint_id, refs.ref_checkpoint_id)
+            .where(
+                refs.job_id == job_id,
+                or_(refs.checkpoint_id.in_(checkpoint_ids), refs.ref_checkpoint_id.in_(checkpoint_ids)),
             )
-        ).scalars()
-    )
+            .distinct()
+        )
+    ).all()
+    if not pairs:
+        return checkpoint_ids
+    given = set(checkpoint_ids)
+    were_referenced = {ref for cp, ref in pairs if cp in given}
     if were_referenced:
         await s.execute(delete(refs).where(refs.job_id == job_id, refs.checkpoint_id.in_(checkpoint_ids)))
         freed = (
@@ -93,16 +139,18 @@ async def _unless_referenced(s: AsyncSession, job_id: int, checkpoint_ids: list[
                 )
             )
         ).scalars()
-        checkpoint_ids = sorted(set(checkpoint_ids) | set(freed))
-    held = set(
-        (
-            await s.execute(
-                select(refs.ref_checkpoint_id)
-                .where(refs.job_id == job_id, refs.ref_checkpoint_id.in_(checkpoint_ids))
-                .distinct()
-            )
-        ).scalars()
-    )
+        checkpoint_ids = sorted(given | set(freed))
+        held = set(
+            (
+                await s.execute(
+                    select(refs.ref_checkpoint_id)
+                    .where(refs.job_id == job_id, refs.ref_checkpoint_id.in_(checkpoint_ids))
+                    .distinct()
+                )
+            ).scalars()
+        )
+    else:  # nothing was deleted: the pairs read say who references them
+        held = {ref for _, ref in pairs if ref in given}
     if held:
         await s.execute(
             update(CheckpointRow)

@@ -264,19 +264,36 @@ def abort(cp: CheckpointRow, job: JobRow, reason: AbortReason, detail: str, now:
     return False
 
 
-async def release_blobs(s: AsyncSession, job_id: int, checkpoint_ids: list[int], now: int) -> None:
+async def release_blobs(
+    s: AsyncSession,
+    job_id: int,
+    checkpoint_ids: list[int],
+    now: int,
+    *,
+    marked: bool = False,
+    unreferenced: bool = False,
+) -> None:
     """Nothing references these checkpoints' state any more: their prefixes in the blob store are deleted after the
-    commit (and by the sweep should that fail). Never called for a completed savepoint or the latest completed."""
-    await cleanup.release(s, job_id, checkpoint_ids, now)
+    commit (and by the sweep should that fail). Never called for a completed savepoint or the latest completed.
+    `marked`, `unreferenced`: what the caller already did or read (`cleanup.release`)."""
+    await cleanup.release(s, job_id, checkpoint_ids, now, marked=marked, unreferenced=unreferenced)
 
 
 async def abort_checkpoint(
-    s: AsyncSession, job: JobRow, cp: CheckpointRow, reason: AbortReason, detail: str, now: int
+    s: AsyncSession,
+    job: JobRow,
+    cp: CheckpointRow,
+    reason: AbortReason,
+    detail: str,
+    now: int,
+    *,
+    unreferenced: bool = False,
 ) -> None:
-    """PENDING -> ABORTED with its reason; its blobs are released. The caller holds the job row lock."""
+    """PENDING -> ABORTED with its reason; its blobs are released. The caller holds the job row lock.
+    `unreferenced`: the job has no channel state reference (`cleanup.release`)."""
     became_failing = abort(cp, job, reason, detail, now)
     job.updated_at = now
-    await release_blobs(s, job.id, [cp.id], now)
+    await release_blobs(s, job.id, [cp.id], now, unreferenced=unreferenced)
     emit(
         s,
         job,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from sqlalchemy import event
+
 from app.blobstore import upload_key
 
 
@@ -134,6 +136,40 @@ async def test_completion_subsumes_older_pending_checkpoints_but_not_savepoints(
     assert (await api.checkpoint(job["id"], sp["id"]))["status"] == "PENDING"
     await api.ack_all(job, sp["id"])
     assert (await api.checkpoint(job["id"], sp["id"]))["status"] == "COMPLETED"
+
+
+async def test_the_ack_completing_a_checkpoint_subsumes_and_discards_without_looking_up_references(api):
+    """A job whose channel state references nothing: the completing ack's transaction subsumes the older pending
+    checkpoint and discards the one beyond `retained`, and reads the references once (whether the job has any)."""
+    job = await api.job(retained=1, max_concurrent=2)
+    await api.trigger(job["id"])  # 1
+    await api.ack_all(job, 1)
+    await api.trigger(job["id"])  # 2, subsumed by 3
+    await api.trigger(job["id"])  # 3
+    statements: list[str] = []
+
+    def seen(conn, cursor, statement, parameters, context, executemany):
+        statements.append(statement)
+
+    engine = api.ctx.db.engine.sync_engine
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        acks = [{"attempt": 1, "vertex": v, "subtask_index": i} for v in ("src", "agg") for i in range(2)]
+        r = await api.client.post(f"/api/v1/jobs/{job['id']}/checkpoints/3/acks/batch", json={"acks": acks})
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert r.status_code == 200, r.text
+    assert r.json()["items"][-1]["result"]["status"] == "COMPLETED"
+    assert (await api.checkpoint(job["id"], 2))["failure_reason"] == "subsumed: checkpoint 3 completed"
+    first = await api.checkpoint(job["id"], 1)
+    assert first["status"] == "COMPLETED" and first["discarded"] is True
+    assert (await api.checkpoint(job["id"], 3))["discarded"] is False
+    assert [s for s in statements if "channel_state_refs" in s] == [
+        s for s in statements if "channel_state_refs" in s and "EXISTS" in s
+    ]
+    assert len([s for s in statements if "channel_state_refs" in s]) == 1
+    types = [e["type"] for e in await api.events(job["id"])]
+    assert types[-2:] == ["checkpoint.completed", "checkpoint.aborted"]
 
 
 async def test_the_trigger_carries_each_subtasks_share_of_the_inflight_budget_and_what_to_do_over_it(api):
