@@ -3,6 +3,7 @@ subtask gets its own ack's answer, and a relay that is wrong, away or gone never
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -60,6 +61,20 @@ def _reporters(url, attempt, job_id, port, n=N):
     return out
 
 
+@contextlib.contextmanager
+def _relayed(url, attempt, job_id, n):
+    """A relay with the attempt's token and ``n`` subtasks' reporters connected to it; all closed afterwards."""
+    relay = AckRelay(OvertakeClient(url, attempt.task_token), job_id, attempt.task_token)
+    port = relay.start()
+    reporters = _reporters(url, attempt, job_id, port, n)
+    try:
+        yield relay, port, reporters
+    finally:
+        for r in reporters:
+            r.close()
+        relay.close()
+
+
 def _wait(cond, what: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -110,10 +125,7 @@ def test_acks_waiting_together_go_as_one_request_and_complete_the_checkpoint(sec
 
 def test_each_subtask_gets_its_own_refusal(secured_coordinator, admin, job):
     job, attempt = job
-    relay = AckRelay(OvertakeClient(secured_coordinator.url, attempt.task_token), job.id, attempt.task_token)
-    port = relay.start()
-    reporters = _reporters(secured_coordinator.url, attempt, job.id, port, 2)
-    try:
+    with _relayed(secured_coordinator.url, attempt, job.id, 2) as (_, port, reporters):
         cp = admin.trigger_checkpoint(job.id).id
         reporters[0].ack(cp, {"metrics": {"unaligned": True}})
         # a different ack for the same subtask: 409, which to a subtask means its checkpoint is gone
@@ -127,17 +139,13 @@ def test_each_subtask_gets_its_own_refusal(secured_coordinator, admin, job):
             stranger.ack(cp, {})
         stranger.close()
         # an aborted checkpoint: discarded, and the other subtask's ack is unaffected by the neighbour's refusal
-        stranger_ok = _reporters(secured_coordinator.url, attempt, job.id, port, 3)[2]
-        stranger_ok.decline(cp, "the test declines")  # aborts the checkpoint
-        stranger_ok.close()
+        with OvertakeClient(secured_coordinator.url, attempt.task_token) as third:
+            third.decline(job.id, cp, {"attempt": attempt.attempt, "vertex": "v", "subtask_index": 2,
+                                       "reason": "the test declines"})  # aborts the checkpoint
         with pytest.raises(CheckpointDiscarded):
             reporters[1].ack(cp, {})
         aborted = admin.get_checkpoint(job.id, cp)
         assert aborted.status.value == "ABORTED" and aborted.num_acknowledged_subtasks == 1
-    finally:
-        for r in reporters:
-            r.close()
-        relay.close()
 
 
 def test_a_relay_without_the_attempts_token_is_not_used_and_the_ack_goes_directly(secured_coordinator, admin, job):
@@ -159,10 +167,7 @@ def test_a_relay_without_the_attempts_token_is_not_used_and_the_ack_goes_directl
 
 def test_a_relay_that_goes_away_costs_no_ack(secured_coordinator, admin, job):
     job, attempt = job
-    relay = AckRelay(OvertakeClient(secured_coordinator.url, attempt.task_token), job.id, attempt.task_token)
-    port = relay.start()
-    reporters = _reporters(secured_coordinator.url, attempt, job.id, port, 2)
-    try:
+    with _relayed(secured_coordinator.url, attempt, job.id, 2) as (relay, _, reporters):
         cp = admin.trigger_checkpoint(job.id).id
         reporters[0].ack(cp, {})
         relay.close()
@@ -170,9 +175,6 @@ def test_a_relay_that_goes_away_costs_no_ack(secured_coordinator, admin, job):
         assert reporters[1].relay is None and reporters[1].relayed == 0
         assert admin.get_checkpoint(job.id, cp).status.value == "PENDING"
         assert admin.get_checkpoint(job.id, cp).num_acknowledged_subtasks == 2
-    finally:
-        for r in reporters:
-            r.close()
 
 
 def test_an_unreachable_coordinator_is_a_transient_error_for_the_subtask(secured_coordinator, admin, job):
