@@ -43,8 +43,12 @@ RELAY_WAIT = 60.0
 the SDK's timeout and retries, well within this)."""
 
 LINGER = 0.003
-"""Seconds the relay holds a checkpoint's first ack for the acks of the host's other subtasks (it sends at once
-when every connected subtask acked): subtasks that finish together go as one request."""
+"""Seconds the relay waits for the next ack of a checkpoint after the last one arrived, while the host's other
+subtasks have not acked it (it sends at once when every connected subtask acked): subtasks that finish together
+go as one request, and every ack request is a transaction the coordinator runs one after another."""
+
+HOLD_MAX = 0.02
+"""Seconds the relay holds a checkpoint's first ack at most, however closely the others follow."""
 
 MAX_FRAME = 16 << 20
 _LEN = struct.Struct(">I")
@@ -192,13 +196,15 @@ class AckRelay:
                 return
             waiting = [first]
             # everything that gathered while the last batch was on its way, and what else arrives for this
-            # checkpoint until every connected subtask acked it or LINGER passed
+            # checkpoint until every connected subtask acked it, or no ack of it came for LINGER, or HOLD_MAX passed
             with self._lock:
                 expected = len(self._connections)
-            deadline = time.monotonic() + LINGER
+            now = time.monotonic()
+            latest = now + HOLD_MAX
+            deadline = min(now + LINGER, latest)
             before = self._relayed.get(first.checkpoint_id, 0)  # acks of this checkpoint sent in earlier batches
+            mine = before + 1
             while True:
-                mine = before + sum(1 for p in waiting if p.checkpoint_id == first.checkpoint_id)
                 left = deadline - time.monotonic()
                 try:
                     item = self._queue.get_nowait() if mine >= expected or left <= 0 else self._queue.get(timeout=left)
@@ -210,6 +216,9 @@ class AckRelay:
                     self._queue.put(None)
                     break
                 waiting.append(item)
+                if item.checkpoint_id == first.checkpoint_id:
+                    mine += 1
+                    deadline = min(time.monotonic() + LINGER, latest)
             by_checkpoint: dict[int, list[_Pending]] = defaultdict(list)
             for p in waiting:
                 by_checkpoint[p.checkpoint_id].append(p)

@@ -11,6 +11,7 @@ import pytest
 
 from client.errors import CoordinatorUnreachable, NotFound
 from client.sync import OvertakeClient
+from spark_plugin.task import ack_relay
 from spark_plugin.task.ack_relay import AckRelay, RelayClient, RelayReporter, RelayUnusable, relay_of
 from spark_plugin.task.coordination import CheckpointDiscarded, SubtaskIdentity
 
@@ -121,6 +122,55 @@ def test_acks_waiting_together_go_as_one_request_and_complete_the_checkpoint(sec
         for r in reporters:
             r.close()
         relay.close()
+
+
+def _ack_in_thread(reporter, cp: int, errors: list) -> threading.Thread:
+    def run() -> None:
+        try:
+            reporter.ack(cp, {"metrics": {"unaligned": True}})
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def test_acks_that_keep_coming_are_held_together_until_a_pause(secured_coordinator, admin, job, monkeypatch):
+    """Each ack of a checkpoint restarts the relay's LINGER: four acks spread over more than LINGER, each within it
+    of the one before, go as one request (two of the six subtasks never ack, so only the pause sends them)."""
+    monkeypatch.setattr(ack_relay, "LINGER", 1.0)
+    monkeypatch.setattr(ack_relay, "HOLD_MAX", 60.0)
+    job, attempt = job
+    with _relayed(secured_coordinator.url, attempt, job.id, N) as (relay, _, reporters):
+        cp = admin.trigger_checkpoint(job.id).id
+        errors: list[BaseException] = []
+        threads = []
+        for i in range(4):
+            if i:
+                time.sleep(0.35)  # 1.05 s from the first to the last: past LINGER
+            threads.append(_ack_in_thread(reporters[i], cp, errors))
+        for t in threads:
+            t.join(30)
+        assert not errors, errors
+        assert relay.requests == 1 and relay.acks == 4
+        assert admin.get_checkpoint(job.id, cp).num_acknowledged_subtasks == 4
+
+
+def test_a_subtask_that_never_acks_holds_the_others_at_most_hold_max(secured_coordinator, admin, job, monkeypatch):
+    monkeypatch.setattr(ack_relay, "LINGER", 60.0)
+    monkeypatch.setattr(ack_relay, "HOLD_MAX", 0.3)
+    job, attempt = job
+    with _relayed(secured_coordinator.url, attempt, job.id, N) as (relay, _, reporters):
+        cp = admin.trigger_checkpoint(job.id).id
+        errors: list[BaseException] = []
+        threads = [_ack_in_thread(reporters[i], cp, errors) for i in range(N - 1)]
+        for t in threads:
+            t.join(30)  # well within LINGER: only HOLD_MAX can have sent them
+        assert not any(t.is_alive() for t in threads), "the relay held the acks past HOLD_MAX"
+        assert not errors, errors
+        assert relay.acks == N - 1
+        assert admin.get_checkpoint(job.id, cp).num_acknowledged_subtasks == N - 1
 
 
 def test_each_subtask_gets_its_own_refusal(secured_coordinator, admin, job):
