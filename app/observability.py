@@ -30,6 +30,12 @@ ACK_BATCH = Histogram(
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
     registry=REGISTRY,
 )
+ACK_COMMIT_SECONDS = Histogram(
+    "overtake_ack_commit_seconds",
+    "Duration of each ack group-commit transaction, from its first statement to its commit (a retry's included).",
+    buckets=(0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 1, 5),
+    registry=REGISTRY,
+)
 SCHEDULER_FAILURES = Counter(
     "overtake_scheduler_failures_total",
     "Scheduler actions on one job that failed (the job shows the error; other jobs are not held up).",

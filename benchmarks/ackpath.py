@@ -49,6 +49,15 @@ class AckPathStats:
     """The same with an ack request per subtask."""
     relay_ack_ms: list[float] = field(default_factory=list)
     """Direct path through the relay: each subtask's ack, until the relay answered it."""
+    relay_write_span_ms: list[float] = field(default_factory=list)
+    """Through the relay: from the round's start to the last subtask's state being durable (all N writes)."""
+    relay_request_ms: list[float] = field(default_factory=list)
+    """Through the relay: each round's batch requests, from sending to the coordinator's answer (mean per request)."""
+    relay_commit_ms: list[float] = field(default_factory=list)
+    """Through the relay: each round's ack transactions in the coordinator (mean per transaction;
+    ``overtake_ack_commit_seconds``)."""
+    relay_commits: int = 0
+    """Ack transactions the coordinator ran over the relay's rounds."""
 
     @staticmethod
     def _p50(xs: list[float]) -> float | None:
@@ -71,8 +80,22 @@ class AckPathStats:
         d = asdict(self)
         d.update(p50=self.p50, direct_p50=self.direct_p50, relay_p50=self.relay_p50, write_p50=self._p50(self.write_ms),
                  ack_p50=self._p50(self.ack_ms), relay_ack_p50=self._p50(self.relay_ack_ms),
-                 relay_control_p50=self._p50(self.relay_control_ms), direct_control_p50=self._p50(self.direct_control_ms))
+                 relay_control_p50=self._p50(self.relay_control_ms), direct_control_p50=self._p50(self.direct_control_ms),
+                 relay_write_span_p50=self._p50(self.relay_write_span_ms),
+                 relay_request_p50=self._p50(self.relay_request_ms), relay_commit_p50=self._p50(self.relay_commit_ms))
         return d
+
+
+def _commit_totals(url: str) -> tuple[float, float]:
+    """The coordinator's ack transactions so far: (seconds, count), from its Prometheus metrics."""
+    import httpx
+
+    total = {"overtake_ack_commit_seconds_sum": 0.0, "overtake_ack_commit_seconds_count": 0.0}
+    for line in httpx.get(url.rstrip("/") + "/metrics", timeout=10.0).text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in total:
+            total[name] = float(value)
+    return total["overtake_ack_commit_seconds_sum"], total["overtake_ack_commit_seconds_count"]
 
 
 def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause: float = 0.3) -> AckPathStats:
@@ -140,6 +163,7 @@ def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause
                         st.write_ms.append((b - a) * 1000)
                         (st.relay_ack_ms if mode == "relay" else st.ack_ms).append((e - b) * 1000)
 
+                commits_before, requests_before = _commit_totals(url), (relay.request_seconds, relay.requests)
                 t0 = time.perf_counter()
                 threads = [threading.Thread(target=one, args=(i,)) for i in range(subtasks)]
                 for t in threads:
@@ -152,6 +176,16 @@ def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause
                     control = st.relay_control_ms if mode == "relay" else st.direct_control_ms
                     control.append((end - max(durable)) * 1000)
                 {"direct": st.direct_ms, "relay": st.relay_ms, "coordinator": st.all_acked_ms}[mode].append(took)
+                if mode == "relay":
+                    seconds, count = (a - b for a, b in zip(_commit_totals(url), commits_before, strict=True))
+                    if count:
+                        st.relay_commit_ms.append(seconds / count * 1000)
+                        st.relay_commits += int(count)
+                    sent = relay.requests - requests_before[1]
+                    if sent:
+                        st.relay_request_ms.append((relay.request_seconds - requests_before[0]) / sent * 1000)
+                    if durable:
+                        st.relay_write_span_ms.append((max(durable) - t0) * 1000)
                 time.sleep(pause)
         finally:
             st.relay_requests = relay.requests

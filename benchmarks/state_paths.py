@@ -250,8 +250,11 @@ def markdown(r: StatePathsResult, command: str, machine: str) -> str:
         lines.append(f"Ack path, {r.ack_path.subtasks} subtasks with {_mib(r.ack_path.channel_blob_bytes)} of state "
                      f"each, {r.ack_path.rounds} rounds per path: all acked {_p(a['relay_p50'], digits=1)} p50 direct "
                      f"through the host's ack relay ({r.ack_path.relay_requests / max(r.ack_path.rounds, 1):.1f} "
-                     f"requests per checkpoint; durable write {_p(a['write_p50'], digits=1)}, ack until answered "
-                     f"{_p(a['relay_ack_p50'], digits=1)}), {_p(a['direct_p50'], digits=1)} direct with an ack "
+                     f"requests per checkpoint; durable write {_p(a['write_p50'], digits=1)}, all {r.ack_path.subtasks} "
+                     f"durable {_p(a['relay_write_span_p50'], digits=1)} after the start, ack until answered "
+                     f"{_p(a['relay_ack_p50'], digits=1)}, the relay's request {_p(a['relay_request_p50'], digits=1)}, "
+                     f"of which the coordinator's transaction {_p(a['relay_commit_p50'], digits=1)}), "
+                     f"{_p(a['direct_p50'], digits=1)} direct with an ack "
                      f"request per subtask (ack request {_p(a['ack_p50'], digits=1)}), {_p(a['p50'], digits=1)} "
                      "through the coordinator.\n")
     return "\n".join(lines) + "\n"

@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import logging
 import random
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -33,7 +34,7 @@ from app.domain.context import BackgroundWorker, Context, after_commit, now_ms
 from app.domain.jobs import token_refusal
 from app.domain.lifecycle import COMPLETED, PENDING, Prior, SubtaskRequest, Verdict, belongs_to_attempt
 from app.errors import Conflict, DomainError, Invalid, NotFound, Unauthorized
-from app.observability import ACK_BATCH, ACKS
+from app.observability import ACK_BATCH, ACK_COMMIT_SECONDS, ACKS
 from contract.models import AckResult, CheckpointStatus, SubtaskAck
 
 log = logging.getLogger(__name__)
@@ -171,7 +172,9 @@ class AckCommitter(BackgroundWorker):
 
     async def _commit(self, batch: list[_Item]) -> None:
         try:
+            began = time.perf_counter()
             await self._apply_retrying(batch)
+            ACK_COMMIT_SECONDS.observe(time.perf_counter() - began)
         except Exception as exc:
             if len(batch) == 1:
                 it = batch[0]

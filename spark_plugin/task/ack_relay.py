@@ -108,6 +108,8 @@ class AckRelay:
         self.requests = 0
         """Batch requests sent (for tests and benchmarks)."""
         self.acks = 0
+        self.request_seconds = 0.0
+        """Time spent in the batch requests, from sending each to its answer (for benchmarks)."""
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
         self._relayed: dict[int, int] = {}  # checkpoint -> acks relayed for it so far
         self._server: socket.socket | None = None
@@ -229,19 +231,23 @@ class AckRelay:
                 del self._relayed[cp]
 
     def _batch(self, checkpoint_id: int, items: list[_Pending]) -> None:
+        began = time.perf_counter()
         try:
             self.requests += 1
             self.acks += len(items)
             result = self.client.ack_batch(self.job_id, checkpoint_id, [p.ack for p in items])
         except OvertakeError as e:
+            self.request_seconds += time.perf_counter() - began
             status = 0 if isinstance(e, CoordinatorUnreachable) else (e.status_code or 0)
             for p in items:
                 p.conn.answer({"id": p.id, "status": status, "code": e.code, "message": str(e)})
             return
         except Exception as e:  # noqa: BLE001 - a transport error: the subtasks retry
+            self.request_seconds += time.perf_counter() - began
             for p in items:
                 p.conn.answer({"id": p.id, "status": 0, "code": "unreachable", "message": repr(e)})
             return
+        self.request_seconds += time.perf_counter() - began
         for p, item in zip(items, result.items, strict=True):
             if item.ok:
                 p.conn.answer({"id": p.id, "status": 200})

@@ -71,11 +71,21 @@ async def test_health_readiness_and_metrics(sqlite_api):
     assert ready["status"] == "ok" and set(ready["checks"]) == {"database", "event_bus", "blob_store"}
     job = await api.job()
     await api.trigger(job["id"])
+    commits = _sample((await api.client.get("/metrics")).text, "overtake_ack_commit_seconds_count")
     await api.ack_all(job, 1)
     metrics = (await api.client.get("/metrics")).text
     assert 'overtake_checkpoints_total{outcome="completed"}' in metrics
     assert "overtake_checkpoint_duration_seconds_bucket" in metrics
     assert 'overtake_acks_total{result="recorded"}' in metrics
+    # every ack transaction is timed (the metric the ack-path benchmark reads)
+    assert _sample(metrics, "overtake_ack_commit_seconds_count") > commits
+    assert _sample(metrics, "overtake_ack_commit_seconds_sum") > 0
+
+
+def _sample(metrics: str, name: str) -> float:
+    values = [float(line.split()[1]) for line in metrics.splitlines() if line.split(" ", 1)[0] == name]
+    assert len(values) == 1, f"{name} is not among the metrics once"
+    return values[0]
 
 
 async def test_readiness_reports_an_unreachable_database(sqlite_api):
