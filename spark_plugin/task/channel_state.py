@@ -149,6 +149,10 @@ class ChannelStateWriter:
         self.references_taken = False
         """Set once a trigger's write target takes references (the job asks for incremental channel state): only
         then do finished checkpoints keep their buffers until their object is written."""
+        self.newly_ready = False
+        """Set when a checkpoint's channel state became complete (on the subtask loop, or on an output channel's
+        sender thread when its barrier went out), cleared by the loop as it hands ready checkpoints over: the loop
+        stops processing the buffer in hand when this is set, so a ready checkpoint is acked at once."""
 
     def start(self, checkpoint_id: int) -> None:
         if checkpoint_id in self._recordings:
@@ -180,11 +184,13 @@ class ChannelStateWriter:
         rec = self._recordings.get(checkpoint_id)
         if rec is not None:
             rec.input_done = True
+            self.newly_ready = self.newly_ready or rec.output_done
 
     def finish_output(self, checkpoint_id: int) -> None:
         rec = self._recordings.get(checkpoint_id)
         if rec is not None:
             rec.output_done = True
+            self.newly_ready = self.newly_ready or rec.input_done
 
     def abort(self, checkpoint_id: int) -> None:
         """Drop everything collected for the checkpoint; later additions are ignored."""

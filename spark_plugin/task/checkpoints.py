@@ -242,6 +242,7 @@ class CheckpointController:
     def hand_over_ready(self) -> None:
         """Every checkpoint whose channel state is complete goes to the ack worker, oldest first."""
         with self.lock:
+            self.writer.newly_ready = False
             ready = self._in_order([cid for cid in self.writer.ready() if cid in self.pending])
             results = [self.writer.take(cid) for cid in ready]
         for cid, result in zip(ready, results, strict=True):

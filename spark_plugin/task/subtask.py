@@ -268,6 +268,7 @@ class Subtask:
         events = self.events.queue
         partition = self.partition
         markers, event_time, recovered = MARKERS, self.event_time, self.current_recovered
+        states = self.checkpoints.writer  # a checkpoint whose channel state became complete is handed over at once
         n = 0
         while reader.pos < len(reader.data):
             record = reader.next()
@@ -277,7 +278,7 @@ class Subtask:
                 continue
             process(record)
             n += 1
-            if priority or events:
+            if priority or events or states.newly_ready:
                 break
             if partition.channels and not partition.available():
                 break

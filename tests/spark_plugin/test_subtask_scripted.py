@@ -71,6 +71,29 @@ def test_priority_barrier_is_taken_between_records_and_the_unread_rest_of_the_bu
     assert st.chain.operators[-1].sink.records == list(range(15))  # and everything is still processed
 
 
+def test_a_checkpoint_that_becomes_ready_mid_buffer_is_handed_over_before_the_rest_of_the_buffer():
+    """An output channel's sender thread sends the last barrier of a checkpoint while the loop works through a
+    buffer of slow records: the loop stops after the record in hand and hands the checkpoint over, instead of
+    acking it only once the whole buffer (hundreds of records) is processed."""
+    coord = InMemoryCoordinator()
+    st = build("m", sink_pipeline(), coord)
+    ch = st.gate.channels[0]
+    ch.items.append((net_input.BUFFER, encode_records(range(10))))
+    states = st.checkpoints.writer
+    states.start(7)
+    states.finish_input(7)
+    assert not states.newly_ready  # only one side of checkpoint 7 is complete
+    INJECT.append(lambda: states.finish_output(7))  # at record 2, as the sender thread would
+    assert st._take_input()
+    st._process_current()
+    assert st.records_in == 3 and states.newly_ready
+    st.checkpoints.hand_over_ready()  # the loop's next turn
+    assert not states.newly_ready
+    st._process_current()  # nothing new is ready: the rest of the buffer in one go
+    assert st.records_in == 10
+    states.abort(7)
+
+
 def test_priority_barrier_overtakes_queued_output_buffers_and_persists_them_as_output_state():
     coord = InMemoryCoordinator()
     p = Pipeline("scripted-out")
