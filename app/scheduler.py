@@ -157,6 +157,9 @@ class Scheduler(BackgroundWorker):
             job = await lock_job(s, job_id, skip_locked=True)
             if job is None or job.status not in ACTIVE:
                 return
+            # The checkpoint is triggered now, not when this pass began (its other work, on every job, came first):
+            # its trigger timestamp, from which its duration counts, is the time it is created.
+            now = max(now, now_ms())
             # Re-check under the lock: another replica may have fired this one already.
             if now < _due(job.last_trigger_at, job.periodic_from, interval):
                 return

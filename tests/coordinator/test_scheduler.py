@@ -3,6 +3,8 @@ checkpoints; an attempt that waits for its subtasks starts its periodic checkpoi
 
 from __future__ import annotations
 
+import asyncio
+
 from sqlalchemy import update
 
 from app.db.models import JobRow
@@ -103,3 +105,20 @@ async def test_no_checkpoint_or_savepoint_is_triggered_while_a_waiting_attempt_s
             assert r.status_code == 200, r.text
         r = await api.client.post(f"/api/v1/jobs/{job['id']}/checkpoints")
         assert r.status_code == 201, r.text
+
+
+async def test_a_periodic_checkpoint_is_stamped_when_it_is_triggered_not_when_the_schedulers_pass_began(make_api):
+    """A pass does other work first (timeouts, switches, every job's schedule); the checkpoint's duration counts
+    from the moment it is created, as Flink's trigger timestamp does."""
+    from app.domain.context import now_ms
+    from app.scheduler import Scheduler
+
+    async with make_api(scheduler_enabled=False) as api:  # this test runs the scheduler's pass itself
+        job = await api.job(interval=50)
+        await asyncio.sleep(0.2)  # its first checkpoint is due
+        pass_began = now_ms()
+        await asyncio.sleep(0.05)  # the pass's other work
+        before = now_ms()
+        await Scheduler(api.ctx)._periodic_triggers(pass_began)
+        cp = await api.checkpoint(job["id"], 1)
+        assert cp["trigger_timestamp"] >= before
