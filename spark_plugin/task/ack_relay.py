@@ -231,23 +231,23 @@ class AckRelay:
                 del self._relayed[cp]
 
     def _batch(self, checkpoint_id: int, items: list[_Pending]) -> None:
+        self.requests += 1
+        self.acks += len(items)
         began = time.perf_counter()
+        failed: dict | None = None
         try:
-            self.requests += 1
-            self.acks += len(items)
             result = self.client.ack_batch(self.job_id, checkpoint_id, [p.ack for p in items])
         except OvertakeError as e:
-            self.request_seconds += time.perf_counter() - began
             status = 0 if isinstance(e, CoordinatorUnreachable) else (e.status_code or 0)
-            for p in items:
-                p.conn.answer({"id": p.id, "status": status, "code": e.code, "message": str(e)})
-            return
+            failed = {"status": status, "code": e.code, "message": str(e)}
         except Exception as e:  # noqa: BLE001 - a transport error: the subtasks retry
+            failed = {"status": 0, "code": "unreachable", "message": repr(e)}
+        finally:
             self.request_seconds += time.perf_counter() - began
+        if failed is not None:
             for p in items:
-                p.conn.answer({"id": p.id, "status": 0, "code": "unreachable", "message": repr(e)})
+                p.conn.answer({"id": p.id, **failed})
             return
-        self.request_seconds += time.perf_counter() - began
         for p, item in zip(items, result.items, strict=True):
             if item.ok:
                 p.conn.answer({"id": p.id, "status": 200})

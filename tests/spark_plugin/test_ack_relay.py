@@ -137,24 +137,25 @@ def _ack_in_thread(reporter, cp: int, errors: list) -> threading.Thread:
 
 
 def test_acks_that_keep_coming_are_held_together_until_a_pause(secured_coordinator, admin, job, monkeypatch):
-    """Each ack of a checkpoint restarts the relay's LINGER: four acks spread over more than LINGER, each within it
-    of the one before, go as one request (two of the six subtasks never ack, so only the pause sends them)."""
-    monkeypatch.setattr(ack_relay, "LINGER", 1.0)
+    """Each ack of a checkpoint restarts the relay's LINGER: five acks spread over more than LINGER, each well
+    within it of the one before, go as one request (one of the six subtasks never acks, so only the pause sends
+    them)."""
+    monkeypatch.setattr(ack_relay, "LINGER", 2.0)
     monkeypatch.setattr(ack_relay, "HOLD_MAX", 60.0)
     job, attempt = job
     with _relayed(secured_coordinator.url, attempt, job.id, N) as (relay, _, reporters):
         cp = admin.trigger_checkpoint(job.id).id
         errors: list[BaseException] = []
         threads = []
-        for i in range(4):
+        for i in range(N - 1):
             if i:
-                time.sleep(0.35)  # 1.05 s from the first to the last: past LINGER
+                time.sleep(0.6)  # 2.4 s from the first to the last: past LINGER; each gap 1.4 s short of it
             threads.append(_ack_in_thread(reporters[i], cp, errors))
         for t in threads:
             t.join(30)
         assert not errors, errors
-        assert relay.requests == 1 and relay.acks == 4
-        assert admin.get_checkpoint(job.id, cp).num_acknowledged_subtasks == 4
+        assert relay.requests == 1 and relay.acks == N - 1
+        assert admin.get_checkpoint(job.id, cp).num_acknowledged_subtasks == N - 1
 
 
 def test_a_subtask_that_never_acks_holds_the_others_at_most_hold_max(secured_coordinator, admin, job, monkeypatch):
