@@ -132,7 +132,7 @@ class BlobStore(Protocol):
     async def commit(self, staged: Staged, key: str) -> None: ...
     async def size(self, key: str) -> int | None:
         """The size of the object (a regular file, not a directory or a link), or None if there is none; a stat
-        or HEAD, off the event loop, never a read."""
+        or HEAD, never a read. Off the event loop, except a stat on a local file system (`FileBlobStore.local`)."""
 
     async def sizes(self, keys: list[str]) -> list[int | None | BaseException]:
         """``size`` of each key (an exception where that one failed), as few hops off the event loop as the store
@@ -250,6 +250,33 @@ def _lstat_sizes(paths: list[Path]) -> list[int | None]:
     return [_lstat_size(p) for p in paths]
 
 
+LOCAL_FILESYSTEMS = frozenset(
+    {"ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "bcachefs", "jfs", "reiserfs", "tmpfs", "ramfs", "overlay"}
+)
+"""File systems of a machine's own disks or memory: a stat there answers in microseconds, from the kernel's caches
+for an object just written. Network file systems (NFS, SMB, Lustre, CephFS, FUSE mounts) are not among them: a
+stat there can wait for a server, as long as the server takes."""
+
+
+def filesystem_type(path: Path, mounts: str | None = None) -> str | None:
+    """The type of the file system `path` lies on: that of the longest mount point above it in the kernel's mount
+    table (Linux's, or `mounts` in its format), or None where there is no such table."""
+    if mounts is None:
+        try:
+            mounts = Path("/proc/self/mounts").read_text()
+        except OSError:
+            return None
+    where, best, found = str(path), -1, None
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        if (where == point or where.startswith(point.rstrip("/") + "/")) and len(point) > best:
+            best, found = len(point), fields[2]
+    return found
+
+
 def _remove(path: Path) -> None:
     """Remove a file, a link or a directory tree; nothing if it is not there."""
     try:
@@ -285,6 +312,12 @@ class FileBlobStore(_Base):
         self.root = Path(parsed.path).resolve()
         self.staging_dir = self.root / ".staging"
         self._stats = _StatBatch()
+        self.local = filesystem_type(self.root) in LOCAL_FILESYSTEMS
+        """The directory is on a local file system: an ack's stat runs on the event loop, where it takes
+        microseconds. A hop to a worker thread costs more on a busy machine (the thread must be scheduled: several
+        milliseconds with every core taken by the pipeline's workers). On a network file system the stats stay off
+        the event loop, so a server that stops answering holds the acks' checks (bounded by their timeout), never
+        the coordinator."""
 
     def _path(self, key: str) -> Path:
         return self.root / _check_key(key)
@@ -294,11 +327,21 @@ class FileBlobStore(_Base):
         await asyncio.to_thread(_durable_move, staged.path, self._path(key))
 
     async def size(self, key: str) -> int | None:
+        if self.local:
+            return _lstat_size(self._path(key))
         return await self._stats.size(self._path(key))
 
     async def sizes(self, keys: list[str]) -> list[int | None | BaseException]:
         if not keys:
             return []
+        if self.local:
+            sizes: list[int | None | BaseException] = []
+            for k in keys:
+                try:
+                    sizes.append(_lstat_size(self._path(k)))
+                except (OSError, Invalid) as e:  # that one failed; the others are answered
+                    sizes.append(e)
+            return sizes
         if len(keys) == 1:
             return list(await asyncio.gather(self.size(keys[0]), return_exceptions=True))
         paths = [self._path(k) for k in keys]

@@ -106,6 +106,7 @@ class _Item:
     token_attempt: int | None  # the attempt of the task token it came with (None: admin, or no auth)
     future: asyncio.Future = field(repr=False)
     missing: DomainError | None = None  # its written object is not in the store as it says (`written.check`)
+    together: bool = False  # submitted with others (a relay's batch request): they were gathered already
     result: AckResult | DomainError | None = None
 
 
@@ -138,6 +139,8 @@ class AckCommitter(BackgroundWorker):
             for it, problem in zip(items, missing, strict=True):
                 it.missing = problem
         for it in items:
+            it.together = len(items) > 1
+        for it in items:
             self._queue.put_nowait(it)
         if len(items) == 1:
             return [await items[0].future]
@@ -146,7 +149,8 @@ class AckCommitter(BackgroundWorker):
     async def _run(self) -> None:
         while True:
             batch = [await self._queue.get()]
-            await self._gather()
+            if not batch[0].together:
+                await self._gather()
             while len(batch) < self.max_batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             try:
@@ -159,7 +163,9 @@ class AckCommitter(BackgroundWorker):
 
     async def _gather(self) -> None:
         """Let acks already on their way join the batch: yield to the event loop while more keep arriving (the
-        requests being read and parsed right now), at most `LINGER` seconds. A lone ack waits for nothing."""
+        requests being read and parsed right now), at most `LINGER` seconds. A lone ack waits for nothing, and
+        acks that came together (a host relay's batch) do not wait either: they were gathered where they came from,
+        and whatever arrives meanwhile goes into the next transaction."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + LINGER
         size, idle = self._queue.qsize(), 0

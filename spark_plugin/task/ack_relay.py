@@ -42,13 +42,17 @@ RELAY_WAIT = 60.0
 """Seconds a subtask waits for its relay's answer before it acks on its own (the relay's own request is bounded by
 the SDK's timeout and retries, well within this)."""
 
-LINGER = 0.003
+LINGER = 0.025
 """Seconds the relay waits for the next ack of a checkpoint after the last one arrived, while the host's other
-subtasks have not acked it (it sends at once when every connected subtask acked): subtasks that finish together
-go as one request, and every ack request is a transaction the coordinator runs one after another."""
+subtasks have not acked it (it sends at once when every connected subtask acked). A checkpoint completes only once
+every subtask acked, so holding the early acks until the host's last one costs the checkpoint nothing, and each
+ack request the relay saves is a transaction less in the coordinator, which runs them one after another. A
+pipeline several shuffles deep acks stage by stage, several milliseconds apart on a loaded host: a wait shorter
+than those gaps splits the checkpoint's acks into requests, the last waiting for the one before it."""
 
-HOLD_MAX = 0.02
-"""Seconds the relay holds a checkpoint's first ack at most, however closely the others follow."""
+HOLD_MAX = 0.1
+"""Seconds the relay holds a checkpoint's first ack at most, however closely the others follow (a subtask of the
+host that does not ack soon, e.g. one aligning barriers under backpressure, holds the others no longer)."""
 
 MAX_FRAME = 16 << 20
 _LEN = struct.Struct(">I")

@@ -79,3 +79,26 @@ async def test_a_group_commit_locks_its_jobs_in_one_global_order(sqlite_api):
     finally:
         event.remove(engine, "before_cursor_execute", record)
     assert locked == sorted(j["id"] for j in jobs)
+
+
+async def test_a_relays_batch_is_committed_without_waiting_for_more_acks_and_a_lone_ack_may_gather(api, monkeypatch):
+    """Acks that came in one batch request were gathered where they came from (a host's relay): the committer
+    starts their transaction at once. A lone ack lets acks already on their way join it first."""
+    committer = api.app.state.committer
+    gathered = []
+    real = committer._gather
+
+    async def gather():
+        gathered.append(committer._queue.qsize())
+        await real()
+
+    monkeypatch.setattr(committer, "_gather", gather)
+    job = await api.job(parallelism={"src": 3})
+    await api.trigger(job["id"])
+    acks = [{"attempt": 1, "vertex": "src", "subtask_index": i} for i in (0, 1)]
+    r = await api.client.post(f"/api/v1/jobs/{job['id']}/checkpoints/1/acks/batch", json={"acks": acks})
+    assert r.status_code == 200 and all(item["ok"] for item in r.json()["items"])
+    assert gathered == []
+    assert (await api.ack(job["id"], 1, "src", 2)).status_code == 200
+    assert len(gathered) == 1
+    assert (await api.checkpoint(job["id"], 1))["status"] == "COMPLETED"

@@ -669,6 +669,7 @@ async def test_concurrent_stats_of_a_file_store_run_in_one_thread_hop_and_each_g
     import app.blobstore as blobstore
 
     store = FileBlobStore(tmp_path.as_uri())
+    store.local = False  # as on a network file system (on a local one the stats run on the event loop)
     prefix = checkpoint_prefix(3, 9)
     (tmp_path / prefix).mkdir(parents=True)
     for i in range(40):
@@ -688,3 +689,60 @@ async def test_concurrent_stats_of_a_file_store_run_in_one_thread_hop_and_each_g
     waiting[1].cancel()
     done = await asyncio.gather(*waiting, return_exceptions=True)
     assert done[0] == 0 and done[2] == 2 and isinstance(done[1], asyncio.CancelledError)
+
+
+# ------------------------------------------------------------------------------------------------ stats of acks
+
+
+MOUNTS = """/dev/vda / ext4 rw,relatime 0 0
+tmpfs /dev/shm tmpfs rw 0 0
+server:/export /mnt/shared nfs4 rw,relatime,vers=4.2 0 0
+/dev/vdb /mnt/shared/local\\040disk xfs rw 0 0
+"""
+
+
+@pytest.mark.parametrize(
+    "path, fstype",
+    [
+        ("/srv/overtake", "ext4"),
+        ("/mnt/shared/checkpoints", "nfs4"),
+        ("/mnt/shared", "nfs4"),
+        ("/mnt/sharedother", "ext4"),  # a mount point is a whole path component, not a prefix of a name
+        ("/mnt/shared/local disk/x", "xfs"),  # the table escapes a space as \040
+        ("/dev/shm/cp", "tmpfs"),
+    ],
+)
+def test_the_file_system_of_a_directory_is_that_of_its_longest_mount_point(path, fstype):
+    from app.blobstore import filesystem_type
+
+    assert filesystem_type(Path(path), MOUNTS) == fstype
+
+
+async def test_on_a_local_file_system_acks_are_stated_without_a_thread_hop_and_a_bad_key_fails_alone(tmp_path, monkeypatch):
+    """A hop to a worker thread waits for the thread to be scheduled (milliseconds on a machine whose cores the
+    pipeline's workers take); a stat on a local disk takes microseconds. A network file system keeps the hop."""
+    store = FileBlobStore(f"file://{tmp_path}")
+    assert store.local  # the tests' temporary directory is on a local disk
+    prefix = checkpoint_prefix(7, 12)
+    (tmp_path / prefix).mkdir(parents=True)
+    (tmp_path / prefix / "a").write_bytes(b"x" * 5)
+    (tmp_path / prefix / "d").mkdir()
+    hops = []
+    loop = asyncio.get_running_loop()
+    real = loop.run_in_executor
+
+    def counting(executor, fn, *args):
+        hops.append(fn)
+        return real(executor, fn, *args)
+
+    monkeypatch.setattr(loop, "run_in_executor", counting)
+    a, missing, d = prefix + "a", prefix + "missing", prefix + "d"
+    sizes = await store.sizes([a, missing, d, prefix + "../escape"])
+    assert sizes[:3] == [5, None, None]  # a directory is no object
+    assert isinstance(sizes[3], Invalid)
+    assert await store.size(a) == 5
+    assert hops == []
+    store.local = False  # as on NFS
+    assert await store.sizes([a, missing]) == [5, None]
+    assert await store.size(a) == 5
+    assert len(hops) == 2
