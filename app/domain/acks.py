@@ -53,7 +53,11 @@ _JOB, _CP = bindparam("b_job"), bindparam("b_cp")
 _LOCK_JOB = select(_JOBS.c.current_attempt, _JOBS.c.status).where(_JOBS.c.id == _JOB).with_for_update()
 _THIS_CP = (_CHECKPOINTS.c.job_id == _JOB) & (_CHECKPOINTS.c.id == _CP)
 _CHECKPOINT_FACTS = select(
-    _CHECKPOINTS.c.status, _CHECKPOINTS.c.attempt, _CHECKPOINTS.c.failure_reason, _CHECKPOINTS.c.num_subtasks
+    _CHECKPOINTS.c.status,
+    _CHECKPOINTS.c.attempt,
+    _CHECKPOINTS.c.failure_reason,
+    _CHECKPOINTS.c.num_subtasks,
+    _CHECKPOINTS.c.num_acked,
 ).where(_THIS_CP)
 _LOCK_JOB_WITH_CP = (
     select(
@@ -63,6 +67,7 @@ _LOCK_JOB_WITH_CP = (
         _CHECKPOINTS.c.attempt,
         _CHECKPOINTS.c.failure_reason,
         _CHECKPOINTS.c.num_subtasks,
+        _CHECKPOINTS.c.num_acked,
     )
     .select_from(_JOBS.outerjoin(_CHECKPOINTS, (_CHECKPOINTS.c.job_id == _JOBS.c.id) & (_CHECKPOINTS.c.id == _CP)))
     .where(_JOBS.c.id == _JOB)
@@ -292,7 +297,9 @@ class AckCommitter(BackgroundWorker):
                 for it in items:
                     it.result = exc
             return
-        status, attempt, failure_reason, num_subtasks = cp
+        # `acked_before`: as of the lock statement's start; another replica's batch that committed while this one
+        # waited for the lock is not in it
+        status, attempt, failure_reason, num_subtasks, acked_before = cp
         facts = _Facts(job_id, cp_id, attempt, status, failure_reason)
         blob_ids = {
             ref.blob_id
@@ -385,16 +392,22 @@ class AckCommitter(BackgroundWorker):
                 "b_unaligned": any(r["unaligned"] for r in rows),
                 "b_now": now,
             }
-            num_acked = (await conn.execute(_ADD_ACKS, params)).scalar_one()
-            if num_acked == num_subtasks:
-                # the rows to complete (the checkpoint's as the statements above left it) and the facts completing
-                # reads, in one round trip
-                job, cp_row, older_pending, referenced = (
-                    await s.execute(_COMPLETING, {"b_job": job_id, "b_cp": cp_id})
-                ).one()
-                await complete_checkpoint(
-                    s, job, cp_row, now, older_pending=older_pending, referenced=referenced
-                )
+            completing = None
+            if acked_before + len(rows) == num_subtasks:
+                # The batch completes the checkpoint: the rows to complete and the facts completing reads, in one
+                # round trip (read now: the count read with the lock may predate a commit the lock waited for), the
+                # batch's sums added to the loaded row, whose one UPDATE at the flush records them with the
+                # completion. Under the job row lock nothing else changes the row meanwhile.
+                completing = (await s.execute(_COMPLETING, {"b_job": job_id, "b_cp": cp_id})).one()
+                _add_acks(completing[1], params)
+                num_acked = completing[1].num_acked
+            else:
+                num_acked = (await conn.execute(_ADD_ACKS, params)).scalar_one()
+                if num_acked == num_subtasks:  # acks another replica committed while this batch waited for the lock
+                    completing = (await s.execute(_COMPLETING, {"b_job": job_id, "b_cp": cp_id})).one()
+            if completing is not None and num_acked == num_subtasks:
+                job, cp_row, older_pending, referenced = completing
+                await complete_checkpoint(s, job, cp_row, now, older_pending=older_pending, referenced=referenced)
                 status = COMPLETED
         if num_acked is None:
             num_acked = (await conn.execute(_NUM_ACKED, {"b_job": job_id, "b_cp": cp_id})).scalar_one()
@@ -470,6 +483,18 @@ class AckCommitter(BackgroundWorker):
                     f"{kind} blob {ref.blob_id} is stored with sha256 {b.sha256} and size {b.size}; "
                     f"the ack says {ref.sha256} and {ref.size}"
                 )
+
+
+def _add_acks(cp: CheckpointRow, p: dict) -> None:
+    """`_ADD_ACKS` on a loaded checkpoint row (the batch that completes it): the same sums."""
+    cp.num_acked += p["b_acked"]
+    cp.state_size += p["b_state"]
+    cp.persisted_data += p["b_persisted"]
+    cp.processed_data += p["b_processed"]
+    if cp.alignment_duration is None or p["b_longest"] >= cp.alignment_duration:
+        cp.alignment_duration = p["b_longest"]
+    cp.any_unaligned = bool(cp.any_unaligned) or p["b_unaligned"]
+    cp.latest_ack_ts = p["b_now"]
 
 
 @dataclass(frozen=True)
