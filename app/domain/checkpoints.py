@@ -10,7 +10,7 @@ from sqlalchemy.orm import aliased
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.util import identity_key
 
-from app.db.models import CheckpointRow, JobRow
+from app.db.models import BlobRow, CheckpointRow, JobRow
 from app.domain import cleanup, lifecycle
 from app.domain.adaptive import Observations, Seen
 from app.domain.context import after_commit, get_job_or_404, now_ms
@@ -309,6 +309,21 @@ _DISCARD_BEYOND_RETAINED = (
     .returning(_CPS.c.id)
 )
 
+_BLOBS = BlobRow.__table__
+_DISCARDED = _DISCARD_BEYOND_RETAINED.cte("discarded")
+# PostgreSQL: retention and the release of the discarded checkpoints' blobs in one statement (a data-modifying
+# CTE), for a job without channel state references (nothing of the discarded checkpoints is held then).
+_DISCARD_AND_RELEASE_BEYOND_RETAINED = select(_DISCARDED.c.id).add_cte(
+    update(_BLOBS)
+    .where(
+        _BLOBS.c.job_id == _R_JOB,
+        _BLOBS.c.checkpoint_id.in_(select(_DISCARDED.c.id)),
+        _BLOBS.c.status == "stored",
+    )
+    .values(status="deleting")
+    .cte("released")
+)
+
 
 async def apply_retention(s: AsyncSession, job: JobRow, *, unreferenced: bool = False) -> list[int]:
     """Keep the newest `retained` completed checkpoints; discard older ones' blobs. Never savepoints, never the latest.
@@ -323,7 +338,9 @@ async def apply_retention(s: AsyncSession, job: JobRow, *, unreferenced: bool = 
         "r_latest": -1 if job.latest_completed_id is None else job.latest_completed_id,
         "r_now": now,
     }
-    drop = sorted((await conn.execute(_DISCARD_BEYOND_RETAINED, params)).scalars(), reverse=True)
+    released = unreferenced and conn.dialect.name == "postgresql"
+    statement = _DISCARD_AND_RELEASE_BEYOND_RETAINED if released else _DISCARD_BEYOND_RETAINED
+    drop = sorted((await conn.execute(statement, params)).scalars(), reverse=True)
     if drop:
         identities = s.sync_session.identity_map
         for cp_id in drop:  # the statement bypassed the session: a checkpoint loaded in it learns what changed
@@ -332,7 +349,11 @@ async def apply_retention(s: AsyncSession, job: JobRow, *, unreferenced: bool = 
                 set_committed_value(loaded, "discarded", True)
                 set_committed_value(loaded, "cleanup", cleanup.PREFIX)
                 set_committed_value(loaded, "cleanup_at", now)
-        await release_blobs(s, job.id, drop, now, marked=True, unreferenced=unreferenced)
+        if released:
+            cleanup.blobs_marked(s, job.id, drop)
+            cleanup.clean_after_commit(s, job.id, drop)
+        else:
+            await release_blobs(s, job.id, drop, now, marked=True, unreferenced=unreferenced)
     return drop
 
 

@@ -82,12 +82,7 @@ async def release(
         return
     await s.flush()  # as an ORM statement would: the statement below bypasses the session
     await (await s.connection()).execute(_MARK_DELETING, {"c_job": job_id, "c_ids": released})
-    ids = set(released)
-    for obj in s.sync_session.identity_map.values():  # a blob loaded in the session learns what changed
-        if isinstance(obj, BlobRow):
-            loaded = obj.__dict__  # its loaded attributes only (reading an expired one would load it)
-            if loaded.get("job_id") == job_id and loaded.get("checkpoint_id") in ids and loaded.get("status") == "stored":
-                set_committed_value(obj, "status", "deleting")
+    blobs_marked(s, job_id, released)
     if marked:
         given = set(checkpoint_ids)
         unmarked = [cp for cp in released if cp not in given]  # freed by the references their channel state held
@@ -100,6 +95,17 @@ async def release(
             .values(cleanup=PREFIX, cleanup_at=now)
         )
     clean_after_commit(s, job_id, released)
+
+
+def blobs_marked(s: AsyncSession, job_id: int, checkpoint_ids: list[int]) -> None:
+    """A statement outside the session set these checkpoints' stored blobs to ``deleting`` (`_MARK_DELETING`): a
+    blob loaded in the session learns what changed."""
+    ids = set(checkpoint_ids)
+    for obj in s.sync_session.identity_map.values():
+        if isinstance(obj, BlobRow):
+            loaded = obj.__dict__  # its loaded attributes only (reading an expired one would load it)
+            if loaded.get("job_id") == job_id and loaded.get("checkpoint_id") in ids and loaded.get("status") == "stored":
+                set_committed_value(obj, "status", "deleting")
 
 
 def any_reference(job_id):

@@ -363,6 +363,11 @@ async def test_retention_deletes_by_prefix_but_never_a_savepoint_or_the_latest(s
         return not await under(api, checkpoint_prefix(job["id"], first))
 
     await api.wait_for(first_gone, what="checkpoint 2's prefix deleted (in the background, after the ack)")
+    async with api.ctx.tx(readonly=True) as s:
+        rows = (await s.execute(select(BlobRow.checkpoint_id, BlobRow.status).where(BlobRow.job_id == job["id"]))).all()
+    status = {cp: {st for c, st in rows if c == cp} for cp in (savepoint, first, latest)}
+    assert status[savepoint] == status[latest] == {"stored"}
+    assert "stored" not in status[first]  # released with the discard, in the completing ack's transaction
     assert len(await under(api, checkpoint_prefix(job["id"], savepoint))) == 4
     assert len(await under(api, checkpoint_prefix(job["id"], latest))) == 4
     assert (await api.checkpoint(job["id"], first))["discarded"] is True
