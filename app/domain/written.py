@@ -80,8 +80,14 @@ async def check(ctx: Context, job_id: int, cp_id: int, acks: list[SubtaskAck]) -
             to_stat.append(i)
     sizes: list = []
     if to_stat:
+        keys = [acks[i].written.key for i in to_stat]
         try:
-            sizes = await asyncio.wait_for(ctx.store.sizes([acks[i].written.key for i in to_stat]), STAT_TIMEOUT)
+            if getattr(ctx.store, "local", False):
+                # stats on the event loop (a local file system): nothing to wait for, so no task to bound it
+                # (`wait_for` would run the check as a task of its own, on a later turn of a busy event loop)
+                sizes = await ctx.store.sizes(keys)
+            else:
+                sizes = await asyncio.wait_for(ctx.store.sizes(keys), STAT_TIMEOUT)
         except Exception as e:  # noqa: BLE001 - no answer within the bound, or the store failed: each ack says so
             sizes = [e] * len(to_stat)
     for i, size in zip(to_stat, sizes, strict=True):

@@ -751,3 +751,24 @@ async def test_on_a_local_file_system_acks_are_stated_without_a_thread_hop_and_a
     assert await store.sizes([a, missing]) == [5, None]
     assert await store.size(a) == 5
     assert len(hops) == 2
+
+
+async def test_acks_of_objects_in_a_local_store_are_checked_inline_and_elsewhere_within_a_bound(store_api, monkeypatch):
+    """On a local file system the check has nothing to wait for, so it runs in the ack's own turn of the event loop
+    (a task bounded by `wait_for` would run on a later turn of a busy loop); any other store's check is bounded."""
+    import app.domain.written as written_mod
+
+    api = store_api
+    bounded = []
+    real = written_mod.asyncio.wait_for
+
+    async def wait_for(aw, timeout):
+        bounded.append(timeout)
+        return await real(aw, timeout)
+
+    monkeypatch.setattr(written_mod.asyncio, "wait_for", wait_for)
+    job = await api.job(retained=1)
+    await complete_written(api, job, "one")
+    local = getattr(api.ctx.store, "local", False)
+    assert local == isinstance(api.ctx.store, FileBlobStore)  # the tests' directories are on a local disk
+    assert bounded == ([] if local else [written_mod.STAT_TIMEOUT] * 4)
