@@ -22,6 +22,7 @@ import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from benchmarks.control import close_job, one_vertex_job
 
@@ -58,6 +59,10 @@ class AckPathStats:
     ``overtake_ack_commit_seconds``)."""
     relay_commits: int = 0
     """Ack transactions the coordinator ran over the relay's rounds."""
+    disk_floor_ms: list[float] = field(default_factory=list)
+    """Just before each relay round: the round's bytes (every subtask's object) written by one thread as one file in
+    the store's directory, with one fsync of the file and one of its directory: what this disk allows for the
+    round's writes, against ``relay_write_span_ms``."""
 
     @staticmethod
     def _p50(xs: list[float]) -> float | None:
@@ -82,8 +87,32 @@ class AckPathStats:
                  ack_p50=self._p50(self.ack_ms), relay_ack_p50=self._p50(self.relay_ack_ms),
                  relay_control_p50=self._p50(self.relay_control_ms), direct_control_p50=self._p50(self.direct_control_ms),
                  relay_write_span_p50=self._p50(self.relay_write_span_ms),
-                 relay_request_p50=self._p50(self.relay_request_ms), relay_commit_p50=self._p50(self.relay_commit_ms))
+                 relay_request_p50=self._p50(self.relay_request_ms), relay_commit_p50=self._p50(self.relay_commit_ms),
+                 disk_floor_p50=self._p50(self.disk_floor_ms))
         return d
+
+
+def _one_file(directory: Path, data: bytes) -> float:
+    """Milliseconds to write ``data`` as one new file in ``directory`` and make it durable (one fsync of the file,
+    one of the directory); the file is removed after."""
+    path = directory / f".ack-path-floor-{os.getpid()}"
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    took = (time.perf_counter() - t0) * 1000
+    path.unlink()
+    return took
 
 
 def _commit_totals(url: str) -> tuple[float, float]:
@@ -105,7 +134,7 @@ def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause
     from contract.models import EventType, WriteTarget
     from spark_plugin.task.ack_relay import AckRelay, RelayReporter
     from spark_plugin.task.coordination import SubtaskIdentity
-    from spark_plugin.task.state_store import StateWriter
+    from spark_plugin.task.state_store import StateWriter, _file_path
 
     st = AckPathStats(subtasks, rounds, channel_blob_bytes)
     with OvertakeClient(url) as admin:
@@ -163,6 +192,9 @@ def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause
                         st.write_ms.append((b - a) * 1000)
                         (st.relay_ack_ms if mode == "relay" else st.ack_ms).append((e - b) * 1000)
 
+                if mode == "relay" and target is not None and target.url.startswith("file://"):
+                    st.disk_floor_ms.append(_one_file(_file_path(target.url), os.urandom(subtasks * (len(channel) + len(operator) + 8))))
+                    time.sleep(pause)
                 commits_before, requests_before = _commit_totals(url), (relay.request_seconds, relay.requests)
                 t0 = time.perf_counter()
                 threads = [threading.Thread(target=one, args=(i,)) for i in range(subtasks)]
