@@ -163,10 +163,13 @@ class Scheduler(BackgroundWorker):
             # Re-check under the lock: another replica may have fired this one already.
             if now < _due(job.last_trigger_at, job.periodic_from, interval):
                 return
-            if trigger_refusal(job, await pending_ids(s, job.id), now, savepoint=False):
+            pending = await pending_ids(s, job.id)
+            if trigger_refusal(job, pending, now, savepoint=False):
                 return
             try:
-                await trigger(s, job, now, targets=self.ctx.write_target, backpressure=self.ctx.backpressure)
+                await trigger(
+                    s, job, now, targets=self.ctx.write_target, backpressure=self.ctx.backpressure, pending=pending
+                )
                 job.scheduler_error = None
             except DomainError as exc:
                 log.info("periodic trigger of job %s skipped: %s", job_id, exc.message)

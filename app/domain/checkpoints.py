@@ -136,11 +136,14 @@ async def trigger(
     stop: bool = False,
     targets: WriteTargets | None = None,
     backpressure: Backpressure | None = None,
+    pending: list[int] | None = None,
 ) -> CheckpointRow:
     """Issue the job's next checkpoint id; its trigger event carries its write target (from `targets`). The caller
     holds the job row lock. An observing policy (adaptive) decides from the job's recent checkpoints and
-    `backpressure`."""
-    pending = await pending_ids(s, job.id)
+    `backpressure`. `pending`: the job's pending checkpoints (`pending_ids`), if the caller read them under the
+    lock already."""
+    if pending is None:
+        pending = await pending_ids(s, job.id)
     refusal = trigger_refusal(job, pending, now, savepoint)
     if refusal:
         raise Conflict(refusal)
