@@ -145,7 +145,6 @@ class AckCommitter(BackgroundWorker):
                 it.missing = problem
         for it in items:
             it.together = len(items) > 1
-        for it in items:
             self._queue.put_nowait(it)
         if len(items) == 1:
             return [await items[0].future]

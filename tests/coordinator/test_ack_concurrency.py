@@ -107,29 +107,20 @@ async def test_a_relays_batch_is_committed_without_waiting_for_more_acks_and_a_l
 async def test_the_batch_that_completes_a_checkpoint_updates_its_row_once_with_every_sum(api):
     """The completing batch adds its sums to the checkpoint row it loads to complete it: one UPDATE of the row,
     not one for the sums and one for the completion. The sums are those of every ack, earlier batches' included."""
-    from sqlalchemy import event
+    from tests.coordinator._sql import recorded_statements
 
     job = await api.job(parallelism={"src": 3})
     await api.trigger(job["id"])
     first = {"unaligned": False, "alignment_duration": 40, "persisted_data": 100, "processed_data": 7}
     assert (await api.ack(job["id"], 1, "src", 0, metrics=first)).status_code == 200
-    statements: list[str] = []
-
-    def record(conn, cursor, statement, parameters, context, executemany):
-        statements.append(" ".join(statement.split()).upper())
-
-    engine = api.ctx.db.engine.sync_engine
-    event.listen(engine, "before_cursor_execute", record)
-    try:
-        acks = [
-            {"attempt": 1, "vertex": "src", "subtask_index": 1,
-             "metrics": {"unaligned": True, "alignment_duration": 25, "persisted_data": 1000, "processed_data": 5}},
-            {"attempt": 1, "vertex": "src", "subtask_index": 2,
-             "metrics": {"unaligned": False, "alignment_duration": 60, "persisted_data": 10, "processed_data": 3}},
-        ]
+    acks = [
+        {"attempt": 1, "vertex": "src", "subtask_index": 1,
+         "metrics": {"unaligned": True, "alignment_duration": 25, "persisted_data": 1000, "processed_data": 5}},
+        {"attempt": 1, "vertex": "src", "subtask_index": 2,
+         "metrics": {"unaligned": False, "alignment_duration": 60, "persisted_data": 10, "processed_data": 3}},
+    ]
+    with recorded_statements(api) as statements:
         r = await api.client.post(f"/api/v1/jobs/{job['id']}/checkpoints/1/acks/batch", json={"acks": acks})
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
     assert r.status_code == 200 and all(item["ok"] for item in r.json()["items"])
     assert [i["result"]["status"] for i in r.json()["items"]] == ["COMPLETED", "COMPLETED"]
     updates = [st for st in statements if st.startswith("UPDATE CHECKPOINTS") and "NUM_ACKED" in st]

@@ -127,26 +127,15 @@ async def test_a_periodic_checkpoint_is_stamped_when_it_is_triggered_not_when_th
 async def test_a_periodic_trigger_reads_the_jobs_pending_checkpoints_once(make_api):
     """The trigger's transaction holds the job's row lock from its first statement; the pending checkpoints it
     checks the job's limits against are read once, not again by the trigger."""
-    from sqlalchemy import event
-
+    from app.domain.context import now_ms
     from app.scheduler import Scheduler
+    from tests.coordinator._sql import recorded_statements
 
     async with make_api(scheduler_enabled=False) as api:  # this test runs the scheduler's pass itself
         job = await api.job(interval=50, max_concurrent=2)
         await asyncio.sleep(0.2)  # its first checkpoint is due
-        statements: list[str] = []
-
-        def record(conn, cursor, statement, parameters, context, executemany):
-            statements.append(" ".join(statement.split()).upper())
-
-        engine = api.ctx.db.engine.sync_engine
-        event.listen(engine, "before_cursor_execute", record)
-        try:
-            from app.domain.context import now_ms
-
+        with recorded_statements(api) as statements:
             await Scheduler(api.ctx)._periodic_triggers(now_ms())
-        finally:
-            event.remove(engine, "before_cursor_execute", record)
         assert (await api.checkpoint(job["id"], 1))["status"] == "PENDING"
         pending_reads = [st for st in statements if st.startswith("SELECT CHECKPOINTS.ID FROM CHECKPOINTS")]
         assert len(pending_reads) == 1, pending_reads
