@@ -82,6 +82,16 @@ _COMPLETING = (
     .where(JobRow.id == _JOB, CheckpointRow.id == _CP)
     .execution_options(populate_existing=True)
 )
+# The same rows, loaded with the locks when the batch will likely complete the checkpoint: the job row's lock and
+# the checkpoint's row lock in one round trip. Both rows are locked (FOR UPDATE OF both), so after a wait for
+# another transaction's lock they are read as that transaction left them, not as of the statement's start.
+_LOCK_COMPLETING = (
+    select(JobRow, CheckpointRow, OLDER_PENDING, cleanup.any_reference(JobRow.id))
+    .join(CheckpointRow, CheckpointRow.job_id == JobRow.id)
+    .where(JobRow.id == _JOB, CheckpointRow.id == _CP)
+    .with_for_update(of=[JobRow, CheckpointRow])
+    .execution_options(populate_existing=True)
+)
 _LONGEST = bindparam("b_longest", type_=BigInteger)
 _ADD_ACKS = (
     update(_CHECKPOINTS)
@@ -123,6 +133,8 @@ class AckCommitter(BackgroundWorker):
         self.max_batch = ctx.settings.ack_batch_max
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._graphs: dict[tuple[int, int | None], dict[str, int]] = {}
+        self._subtasks: dict[int, int] = {}  # job -> its subtasks, as last seen (a hint: a rescale changes it)
+        self._recorded: dict[tuple[int, int], int] = {}  # (job, checkpoint) -> acks this committer recorded for it
         insert = sqlite_insert if ctx.db.is_sqlite else pg_insert
         self._insert_acks = insert(_ACKS).on_conflict_do_nothing().returning(_ACKS.c.vertex, _ACKS.c.subtask_index)
         self._insert_blobs = insert(_BLOBS).on_conflict_do_nothing().returning(_BLOBS.c.id)
@@ -232,17 +244,29 @@ class AckCommitter(BackgroundWorker):
         # Job rows are locked in one global order (by id), so two replicas' batches never wait for each other in
         # a cycle; then, per job, its checkpoints.
         for job_id, items in sorted(by_job.items()):
-            # The job row lock (one lock order everywhere: job, then its checkpoints). Only the attempt is read:
-            # the graph comes from a cache (graphs never change) and the full row is loaded only to complete.
+            # The job row lock (one lock order everywhere: job, then its checkpoints). Only the attempt is read
+            # (the graph comes from a cache: graphs never change), unless the batch will likely complete the
+            # checkpoint: then the full rows completing needs come with the locks.
             conn = await s.connection()
             cp_ids = {it.checkpoint_id for it in items}
             facts: tuple | None = None
-            if len(cp_ids) == 1:  # the usual case: the lock and the checkpoint's state in one round trip
+            preloaded: tuple | None = None
+            locked = None
+            if len(cp_ids) == 1 and self._likely_completes(job_id, items):
+                # the rows completing needs, with the locks: one round trip less for the batch that completes
+                (cp_id,) = cp_ids
+                preloaded = (await s.execute(_LOCK_COMPLETING, {"b_job": job_id, "b_cp": cp_id})).one_or_none()
+                if preloaded is not None:
+                    job, cp = preloaded[0], preloaded[1]
+                    locked = (job.current_attempt, job.status)
+                    facts = (cp.status, cp.attempt, cp.failure_reason, cp.num_subtasks, cp.num_acked)
+            if locked is None and len(cp_ids) == 1:
+                # the usual case: the lock and the checkpoint's state in one round trip
                 (cp_id,) = cp_ids
                 row = (await conn.execute(_LOCK_JOB_WITH_CP, {"b_job": job_id, "b_cp": cp_id})).one_or_none()
                 locked = row[:2] if row is not None else None
                 facts = tuple(row[2:]) if row is not None and row[2] is not None else None
-            else:
+            elif locked is None:
                 locked = (await conn.execute(_LOCK_JOB, {"b_job": job_id})).one_or_none()
             if locked is None:
                 for it in items:
@@ -262,8 +286,19 @@ class AckCommitter(BackgroundWorker):
             by_cp: dict[int, list[_Item]] = defaultdict(list)
             for it in items:
                 by_cp[it.checkpoint_id].append(it)
+            self._subtasks[job_id] = sum(graph.values())
             for cp_id, cp_items in by_cp.items():
-                await self._apply_checkpoint(s, job_id, graph, cp_id, cp_items, facts)
+                await self._apply_checkpoint(s, job_id, graph, cp_id, cp_items, facts, preloaded)
+
+    def _likely_completes(self, job_id: int, items: list[_Item]) -> bool:
+        """Whether the batch's acks, with those this committer recorded for the checkpoint before, cover every
+        subtask of the job as last seen (a guess: a wrong one costs a heavier lock statement, or the round trip it
+        would have saved)."""
+        subtasks = self._subtasks.get(job_id)
+        if subtasks is None:
+            return False
+        before = self._recorded.get((job_id, items[0].checkpoint_id), 0)
+        return before + len({(it.ack.vertex, it.ack.subtask_index) for it in items}) >= subtasks
 
     async def _graph(self, s: AsyncSession, job_id: int, attempt: int | None) -> dict[str, int]:
         """vertex -> parallelism. A job's graph changes only when an attempt rescales it, so it is cached per attempt."""
@@ -284,7 +319,10 @@ class AckCommitter(BackgroundWorker):
         cp_id: int,
         items: list[_Item],
         facts_read: tuple | None = None,
+        preloaded: tuple | None = None,
     ) -> None:
+        """`facts_read`: the checkpoint's facts read with the job row lock; `preloaded`: the rows completing needs,
+        read with the locks (`_LOCK_COMPLETING`), when the batch was expected to complete the checkpoint."""
         conn = await s.connection()
         cp = facts_read
         if cp is None:
@@ -342,10 +380,18 @@ class AckCommitter(BackgroundWorker):
                 row["segments"] = written.segments_with_blob_ids(row["segments"], referenced)
             candidates[key] = (it, row)
         inserted: set[tuple[str, int]] = set()
+        references_added = False
         if candidates and status == PENDING:
             result = await conn.execute(self._insert_acks, [row for _, row in candidates.values()])
             inserted = {(r[0], r[1]) for r in result}
-            await self._record_written(conn, job_id, cp_id, [candidates[k] for k in inserted], now)
+            references_added = await self._record_written(
+                conn, job_id, cp_id, [candidates[k] for k in inserted], now
+            )
+            if inserted:
+                if len(self._recorded) > 10_000:
+                    self._recorded.clear()
+                key = (job_id, cp_id)
+                self._recorded[key] = self._recorded.get(key, 0) + len(inserted)
         # Whatever was not inserted was acked before (or the checkpoint is over): the lifecycle decides.
         others = [k for k in candidates if k not in inserted] + [
             (it.ack.vertex, it.ack.subtask_index) for it in repeats if it.result is None
@@ -396,8 +442,13 @@ class AckCommitter(BackgroundWorker):
                 # The batch completes the checkpoint: the rows to complete and the facts completing reads, in one
                 # round trip (read now: the count read with the lock may predate a commit the lock waited for), the
                 # batch's sums added to the loaded row, whose one UPDATE at the flush records them with the
-                # completion. Under the job row lock nothing else changes the row meanwhile.
-                completing = (await s.execute(_COMPLETING, {"b_job": job_id, "b_cp": cp_id})).one()
+                # completion. Under the job row lock nothing else changes the row meanwhile. Rows read with both
+                # locks (`preloaded`) are current already; whether the job has references counts this batch's.
+                if preloaded is not None:
+                    job_row, cp_row, older_pending, any_ref = preloaded
+                    completing = (job_row, cp_row, older_pending, any_ref or references_added)
+                else:
+                    completing = (await s.execute(_COMPLETING, {"b_job": job_id, "b_cp": cp_id})).one()
                 _add_acks(completing[1], params)
                 num_acked = completing[1].num_acked
             else:
@@ -433,8 +484,9 @@ class AckCommitter(BackgroundWorker):
                     duplicate=id(it) in duplicates,
                 )
 
-    async def _record_written(self, conn, job_id: int, cp_id: int, recorded: list[tuple[_Item, dict]], now: int) -> None:
-        """The blob rows of the objects the recorded acks wrote, in the acks' transaction."""
+    async def _record_written(self, conn, job_id: int, cp_id: int, recorded: list[tuple[_Item, dict]], now: int) -> bool:
+        """The blob rows of the objects the recorded acks wrote, in the acks' transaction; True when channel state
+        references were recorded."""
         rows = [
             b
             for it, row in recorded
@@ -445,7 +497,7 @@ class AckCommitter(BackgroundWorker):
         if refs:
             await conn.execute(insert(ChannelStateRefRow.__table__), refs)
         if not rows:
-            return
+            return bool(refs)
         stored = {r[0] for r in await conn.execute(self._insert_blobs, rows)}
         for it, row in recorded:
             ids = {row["operator_blob_id"], row["channel_blob_id"]} - {None}
@@ -456,6 +508,7 @@ class AckCommitter(BackgroundWorker):
                     "coordinator before; an ack names its state either as uploaded blobs or as a written object, "
                     "so ack the uploaded blobs"
                 )
+        return bool(refs)
 
     @staticmethod
     def _check_blobs(job_id: int, cp_id: int, a: SubtaskAck, blobs: dict[str, BlobRow]) -> None:

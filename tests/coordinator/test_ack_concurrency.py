@@ -129,3 +129,41 @@ async def test_the_batch_that_completes_a_checkpoint_updates_its_row_once_with_e
     assert cp["status"] == "COMPLETED" and cp["num_acknowledged_subtasks"] == 3
     assert cp["persisted_data"] == 1110 and cp["processed_data"] == 15
     assert cp["alignment_duration"] == 60 and cp["checkpoint_type"] == "unaligned"
+
+
+async def test_a_batch_expected_to_complete_reads_the_rows_to_complete_with_its_locks(api):
+    """Once the committer knows the job's size, a batch whose acks cover the subtasks still missing takes the job
+    and checkpoint locks with the rows completing needs (one statement, no second read of them); the sums still
+    count every ack, a duplicate in the batch included once, and a batch that leaves one missing does not
+    complete."""
+    from tests.coordinator._sql import recorded_statements
+
+    job = await api.job(parallelism={"src": 3})
+    url = f"/api/v1/jobs/{job['id']}/checkpoints/{{cp}}/acks/batch"
+
+    def ack(i: int, persisted: int) -> dict:
+        return {"attempt": 1, "vertex": "src", "subtask_index": i,
+                "metrics": {"unaligned": True, "alignment_duration": 5 * i, "persisted_data": persisted}}
+
+    await api.trigger(job["id"])
+    r = await api.client.post(url.format(cp=1), json={"acks": [ack(i, 1) for i in range(3)]})
+    assert [i["result"]["status"] for i in r.json()["items"]] == ["COMPLETED"] * 3
+
+    await api.trigger(job["id"])
+    assert (await api.ack(job["id"], 2, "src", 0, metrics=ack(0, 100)["metrics"])).status_code == 200
+    with recorded_statements(api) as statements:
+        r = await api.client.post(url.format(cp=2), json={"acks": [ack(0, 100), ack(1, 20), ack(2, 3)]})
+    assert r.status_code == 200 and [i["result"]["duplicate"] for i in r.json()["items"]] == [True, False, False]
+    # the job's rows read by id (the scheduler's passes read every running job meanwhile)
+    reads = [st for st in statements if st.startswith("SELECT JOBS.") and "WHERE JOBS.ID =" in st]
+    assert len(reads) == 1 and reads[0].startswith("SELECT JOBS.ID, JOBS.NAME"), reads
+    if api.ctx.db.is_sqlite is False:
+        assert reads[0].endswith("FOR UPDATE OF JOBS, CHECKPOINTS"), reads[0]
+    cp = await api.checkpoint(job["id"], 2)
+    assert cp["status"] == "COMPLETED" and cp["num_acknowledged_subtasks"] == 3
+    assert cp["persisted_data"] == 123 and cp["alignment_duration"] == 10
+
+    await api.trigger(job["id"])
+    r = await api.client.post(url.format(cp=3), json={"acks": [ack(0, 1), ack(2, 1)]})
+    assert [i["result"]["status"] for i in r.json()["items"]] == ["PENDING"] * 2
+    assert (await api.ack(job["id"], 3, "src", 1)).json()["status"] == "COMPLETED"
