@@ -37,12 +37,19 @@ def redis_channel(namespace: str) -> str:
 
 def emit(session: AsyncSession, job: JobRow, payload: EventPayload, now: int) -> Event:
     """Record an event in the job's log; it is published once the transaction commits."""
-    job.event_seq = (job.event_seq or 0) + 1
-    data = payload.data()
-    event = Event(id=job.event_seq, job_id=job.id, type=payload.type, timestamp=now, data=data)
-    session.add(EventRow(job_id=job.id, seq=event.id, type=payload.type.value, ts=now, data=data))
-    session.info.setdefault("overtake_events", []).append(event)
+    event, row = numbered(session, job, payload, now)
+    job.event_seq = event.id
+    session.add(EventRow(**row))
     return event
+
+
+def numbered(session: AsyncSession, job: JobRow, payload: EventPayload, now: int) -> tuple[Event, dict[str, Any]]:
+    """The job's next event and its log row, to be published once the transaction commits. The caller inserts
+    the row and advances `job.event_seq` to the event's number (`emit` does both through the session)."""
+    data = payload.data()
+    event = Event(id=(job.event_seq or 0) + 1, job_id=job.id, type=payload.type, timestamp=now, data=data)
+    session.info.setdefault("overtake_events", []).append(event)
+    return event, {"job_id": job.id, "seq": event.id, "type": payload.type.value, "ts": now, "data": data}
 
 
 def pending_events(session: AsyncSession) -> list[Event]:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from sqlalchemy import BigInteger, Integer, bindparam, exists, func, select, update
+from sqlalchemy import BigInteger, Integer, bindparam, exists, func, insert, select, update
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import aliased
+from sqlalchemy.orm import aliased, make_transient_to_detached
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.util import identity_key
 
-from app.db.models import BlobRow, CheckpointRow, JobRow
+from app.db.models import BlobRow, CheckpointRow, EventRow, JobRow
 from app.domain import cleanup, lifecycle
 from app.domain.adaptive import Observations, Seen
 from app.domain.context import after_commit, get_job_or_404, now_ms
@@ -27,7 +28,7 @@ from app.domain.lifecycle import (
 )
 from app.domain.policies import POLICY_RULES, barrier_plan, inflight_budget
 from app.errors import Conflict, NotFound
-from app.events import emit
+from app.events import emit, numbered
 from app.observability import CHECKPOINT_DURATION, CHECKPOINTS
 from contract.events import CheckpointCompleted, CheckpointTriggered
 from contract.models import BarrierPolicy, CheckpointConfig, CheckpointStatus, Decline, JobStatus, WriteTarget
@@ -174,34 +175,69 @@ async def trigger(
         discarded=False,
         decision=plan.decision.model_dump(mode="json") if plan.decision else None,
     )
-    job.next_checkpoint_id += 1
-    job.last_trigger_at = now
-    job.updated_at = now
-    s.add(cp)
     target = await targets(job.id, cp.id, cp.timeout_at) if targets is not None else None
     if target is not None and not savepoint and cfg.incremental_channel_state:
         target = target.model_copy(update={"incremental": True})
-    emit(
-        s,
-        job,
-        CheckpointTriggered(
-            checkpoint_id=cp.id,
-            attempt=cp.attempt,
-            policy=cp.policy,
-            alignment_timeout=alignment_timeout,
-            trigger_timestamp=now,
-            inflight_budget=inflight_budget(plan.policy, cfg, job.num_subtasks),
-            over_inflight_budget=cfg.over_inflight_budget,
-            max_concurrent=cfg.max_concurrent,
-            timeout_at=cp.timeout_at,
-            is_savepoint=savepoint,
-            stop=stop,
-            target=target,
-        ),
-        now,
+    triggered = CheckpointTriggered(
+        checkpoint_id=cp.id,
+        attempt=cp.attempt,
+        policy=cp.policy,
+        alignment_timeout=alignment_timeout,
+        trigger_timestamp=now,
+        inflight_budget=inflight_budget(plan.policy, cfg, job.num_subtasks),
+        over_inflight_budget=cfg.over_inflight_budget,
+        max_concurrent=cfg.max_concurrent,
+        timeout_at=cp.timeout_at,
+        is_savepoint=savepoint,
+        stop=stop,
+        target=target,
     )
+    conn = await s.connection()
+    if conn.dialect.name == "postgresql":
+        await _record_trigger(s, job, cp, triggered, now)
+    else:
+        job.next_checkpoint_id += 1
+        job.last_trigger_at = now
+        job.updated_at = now
+        s.add(cp)
+        emit(s, job, triggered, now)
     after_commit(s, lambda: CHECKPOINTS.labels("triggered").inc())
     return cp
+
+
+_JOBS, _EVENTS = JobRow.__table__, EventRow.__table__
+_CP_COLUMNS = [
+    (a.key, a.columns[0].name, a.columns[0].default.arg if a.columns[0].default is not None else None)
+    for a in sa_inspect(CheckpointRow).column_attrs
+]
+"""(attribute, column, scalar default) of every column of a checkpoint row."""
+
+
+async def _record_trigger(s: AsyncSession, job: JobRow, cp: CheckpointRow, triggered: CheckpointTriggered, now: int) -> None:
+    """The new checkpoint's row, its trigger event and the job's counters in one statement (PostgreSQL runs the
+    inserts as data-modifying WITH clauses of the job's update); the session then holds them as written. The ORM
+    flush would take a round trip for each, and every round trip lies between the trigger timestamp and the
+    subtasks' barriers."""
+    _, event_row = numbered(s, job, triggered, now)
+    # the columns set, as the flush would insert them (one left out takes its default: NULL, not a JSON null)
+    values = {name: cp.__dict__[key] for key, name, _ in _CP_COLUMNS if key in cp.__dict__}
+    for key, _, default in _CP_COLUMNS:
+        if key not in cp.__dict__:
+            set_committed_value(cp, key, default)  # as the flush would leave it: loaded, nothing to read back
+    stmt = (
+        update(_JOBS)
+        .where(_JOBS.c.id == job.id)
+        .values(next_checkpoint_id=job.next_checkpoint_id + 1, event_seq=event_row["seq"], last_trigger_at=now,
+                updated_at=now)
+        .add_cte(insert(_CPS).values(values).cte("new_checkpoint"))
+        .add_cte(insert(_EVENTS).values(event_row).cte("new_event"))
+    )
+    await s.execute(stmt)
+    for key, value in (("next_checkpoint_id", job.next_checkpoint_id + 1), ("event_seq", event_row["seq"]),
+                       ("last_trigger_at", now), ("updated_at", now)):
+        set_committed_value(job, key, value)
+    make_transient_to_detached(cp)
+    s.add(cp)
 
 
 async def complete_checkpoint(

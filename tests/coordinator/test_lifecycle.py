@@ -27,6 +27,33 @@ async def test_ids_increase_per_job_and_are_never_reused(api):
     assert (await api.trigger(a["id"])).json()["id"] == 4  # a new attempt does not reset ids
 
 
+async def test_a_trigger_writes_its_checkpoint_event_and_job_counters_in_one_statement_on_postgresql(api):
+    """Each round trip of the trigger's transaction lies between the trigger timestamp and the subtasks' barriers:
+    on PostgreSQL the new checkpoint, its event and the job's counters are one statement. What it writes is what
+    the ORM writes on SQLite: the checkpoint as the API shows it, its event numbered next, the job's next id."""
+    from tests.coordinator._sql import recorded_statements
+
+    job = await api.job()
+    for cp_id in (1, 2):
+        with recorded_statements(api) as statements:
+            r = await api.trigger(job["id"])
+        assert r.status_code == 201, r.text
+        created = r.json()
+        assert created["id"] == cp_id and created["status"] == "PENDING"
+        if not api.ctx.db.is_sqlite:
+            writes = [st for st in statements if st.startswith(("INSERT", "UPDATE JOBS", "WITH NEW_CHECKPOINT"))]
+            assert len(writes) == 1 and writes[0].startswith("WITH NEW_CHECKPOINT AS (INSERT INTO CHECKPOINTS"), writes
+        shown = await api.checkpoint(job["id"], cp_id)
+        assert {k: shown[k] for k in created} == created
+        await api.ack_all(job, cp_id)
+    events = await api.events(job["id"])
+    assert [e["id"] for e in events] == list(range(1, len(events) + 1))
+    triggered = [e for e in events if e["type"] == "checkpoint.triggered"]
+    assert [e["data"]["checkpoint_id"] for e in triggered] == [1, 2]
+    assert triggered[1]["timestamp"] == (await api.checkpoint(job["id"], 2))["trigger_timestamp"]
+    assert (await api.trigger(job["id"])).json()["id"] == 3
+
+
 async def test_ids_continue_after_a_coordinator_restart(make_api, request):
     url = None
     if os.environ.get("OVERTAKE_TEST_ALSO_PG", "1") == "1":
