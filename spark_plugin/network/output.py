@@ -28,6 +28,11 @@ class OutputChannel:
     ``is_available`` is False once the queue holds as many buffers as the credit plus a backlog of ``BACKLOG``
     (never more than ``max_buffers``): that is backpressure. A buffer queued beyond that would only wait here and be
     persisted by every unaligned checkpoint; a credit arriving wakes the subtask loop to produce the next one.
+
+    A priority barrier is sent by the subtask loop itself (``send_priority``) when the sender thread is not in the
+    middle of a message: under backpressure the sender thread sleeps waiting for credit, and waking it would add a
+    thread switch to every shuffle the barrier crosses. Both take a message off the queue and write it under one send
+    lock, so the wire keeps the queue's order.
     """
 
     def __init__(
@@ -58,6 +63,8 @@ class OutputChannel:
         """Called with an announced size (lock held): the record writer cuts this channel's buffers at it."""
         self._on_barrier_sent = on_barrier_sent
         self._threads: list[threading.Thread] = []
+        self._send_lock = threading.Lock()
+        """Held while a message is taken off the queue and written: by the sender thread or by ``send_priority``."""
 
     # ---------------------------------------------------------------- called by the subtask loop (lock held)
 
@@ -80,21 +87,26 @@ class OutputChannel:
         self.cond.notify_all()
 
     def add_priority_barrier(self, barrier: CheckpointBarrier) -> list[tuple[bytes, int]]:
-        """Put the barrier at the head of the queue; return the buffers it overtook, in order."""
+        """Put the barrier at the head of the queue; return the buffers it overtook, in order. The caller sends it
+        with ``send_priority`` once it released the lock."""
         overtaken = [(item[1], item[2]) for item in self.queue if item[0] == _BUF]
         self._insert_priority(barrier)
         return overtaken
 
     def _insert_priority(self, barrier: CheckpointBarrier) -> None:
-        """Insert behind the priority events already at the head, so priority events keep their order."""
+        """Insert behind the priority events already at the head, so priority events keep their order. The sender
+        thread is not woken: the loop sends it with ``send_priority`` (or, when the sender thread is busy writing,
+        the sender thread takes it next)."""
         pos = 0
         while pos < len(self.queue) and self.queue[pos][0] == _PRIO:
             pos += 1
         self.queue.insert(pos, (_PRIO, barrier))
-        self.cond.notify_all()
+        if self.sock is None:
+            self.cond.notify_all()
 
     def convert_barrier(self, checkpoint_id: int) -> list[tuple[bytes, int]] | None:
-        """Turn a queued aligned barrier into a priority one; return the buffers it overtook (None: not queued)."""
+        """Turn a queued aligned barrier into a priority one; return the buffers it overtook (None: not queued).
+        The caller sends it with ``send_priority`` once it released the lock."""
         overtaken: list[tuple[bytes, int]] = []
         for pos, item in enumerate(self.queue):
             if item[0] == _EVENT and item[1].checkpoint_id == checkpoint_id:
@@ -141,48 +153,82 @@ class OutputChannel:
         if self.sock is not None:
             wire.close(self.sock)
 
-    def _next(self) -> tuple | None:
-        with self.cond:
+    def send_priority(self) -> None:
+        """Send the priority events at the head of the queue now, from the calling thread (the subtask loop, with
+        the mailbox lock not held). When the sender thread is writing a message, it sends them next instead."""
+        sock = self.sock
+        if sock is None:
+            return  # not connected yet: the sender thread starts with whatever is queued
+        if not self._send_lock.acquire(blocking=False):
+            with self.cond:
+                self.cond.notify_all()
+            return
+        try:
             while True:
-                if self.closed:
-                    return None
-                if self.queue:
-                    head = self.queue[0]
-                    if head[0] != _BUF:
-                        return self.queue.popleft()
-                    if self.credit > 0:
-                        self.credit -= 1
-                        self.buffers -= 1
-                        item = self.queue.popleft()
-                        self.mailbox.signal_locked()  # space freed: the loop may produce again
-                        return (_BUF, item[1], item[2], self.buffers)
+                with self.cond:
+                    if self.closed or not self.queue or self.queue[0][0] != _PRIO:
+                        return
+                    item = self.queue.popleft()
+                self._write(sock, item)
+        except OSError as e:
+            self._fail(e)
+        finally:
+            self._send_lock.release()
+
+    def _sendable(self) -> bool:
+        """Whether the head of the queue may go out now (lock held)."""
+        return bool(self.queue) and (self.queue[0][0] != _BUF or self.credit > 0)
+
+    def _wait_sendable(self) -> bool:
+        """Wait until the head of the queue may go out; False once the channel is closed."""
+        with self.cond:
+            while not self.closed:
+                if self._sendable():
+                    return True
                 self.cond.wait()
+            return False
+
+    def _pop(self) -> tuple | None:
+        """Take the head of the queue if it may go out (send lock held); a buffer uses one credit."""
+        with self.cond:
+            if self.closed or not self._sendable():
+                return None
+            item = self.queue.popleft()
+            if item[0] != _BUF:
+                return item
+            self.credit -= 1
+            self.buffers -= 1
+            self.mailbox.signal_locked()  # space freed: the loop may produce again
+            return (_BUF, item[1], item[2], self.buffers)
+
+    def _write(self, sock: socket.socket, item: tuple) -> None:
+        """Write one message taken off the queue (send lock held)."""
+        kind = item[0]
+        if kind == _BUF:
+            wire.send(sock, wire.BUFFER, item[3], item[1])
+            self.sent_buffers += 1
+            self.sent_bytes += len(item[1])
+        elif kind == _END:
+            wire.send(sock, wire.END)
+            self.finished = True
+        elif kind == _RECOVERY_END:
+            wire.send(sock, wire.RECOVERY_END)
+        else:
+            barrier: CheckpointBarrier = item[1]
+            wire.send(sock, wire.PRIORITY if kind == _PRIO else wire.EVENT, 0, barrier.encode())
+            with self.cond:
+                self._on_barrier_sent(barrier.checkpoint_id)
+                self.mailbox.signal_locked()
 
     def _send_loop(self) -> None:
         sock = self.sock
         assert sock is not None
         try:
-            while True:
-                item = self._next()
-                if item is None:
-                    return
-                kind = item[0]
-                if kind == _BUF:
-                    wire.send(sock, wire.BUFFER, item[3], item[1])
-                    self.sent_buffers += 1
-                    self.sent_bytes += len(item[1])
-                elif kind == _END:
-                    wire.send(sock, wire.END)
-                    self.finished = True
-                    return
-                elif kind == _RECOVERY_END:
-                    wire.send(sock, wire.RECOVERY_END)
-                else:
-                    barrier: CheckpointBarrier = item[1]
-                    wire.send(sock, wire.PRIORITY if kind == _PRIO else wire.EVENT, 0, barrier.encode())
-                    with self.cond:
-                        self._on_barrier_sent(barrier.checkpoint_id)
-                        self.mailbox.signal_locked()
+            while not self.finished and self._wait_sendable():
+                with self._send_lock:
+                    item = self._pop()
+                    if item is not None:
+                        self._write(sock, item)
         except OSError as e:
             self._fail(e)
 

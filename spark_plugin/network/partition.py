@@ -2,7 +2,8 @@
 barriers sent on every channel, with the buffers a priority barrier overtakes handed to the channel-state writer.
 
 This is the one place that feeds the output side of channel state: the overtaken buffers when a barrier is sent
-with priority or converted to one, and the end of the output side once every channel has sent its barrier.
+with priority or converted to one, and the end of the output side (as a priority barrier is put at the head of every
+channel, or once every channel has sent an aligned one).
 """
 
 from __future__ import annotations
@@ -104,21 +105,34 @@ class OutputPartition:
 
     def broadcast_barrier(self, barrier: CheckpointBarrier, priority: bool) -> None:
         """Send the barrier on every channel: at the head of each queue (``priority``; what it overtook is persisted
-        for its checkpoint) or behind the queued buffers. The output side of the checkpoint's channel state ends once
-        every channel has sent it (at once when there is no channel or the output has ended)."""
+        for its checkpoint) or behind the queued buffers.
+
+        A priority barrier's output side of the checkpoint's channel state ends at once: what it overtook is
+        recorded as it is put at the head, and nothing queued later belongs to the checkpoint; the loop then sends it
+        itself. An aligned barrier's output side ends once every channel has sent it (it may still be turned into a
+        priority barrier while queued). At once, too, when there is no channel or the output has ended."""
         self.flush()
         cid = barrier.checkpoint_id
         with self.lock:
             if not self.channels or self.ended:
                 self.writer.finish_output(cid)
                 return
-            self._barriers_in_queue[cid] = len(self.channels)
-            for ch in self.channels:
-                if priority:
+            if priority:
+                for ch in self.channels:
                     for data, records in ch.add_priority_barrier(barrier):
                         self.writer.add_output_data(cid, ch.info, data, records)
-                else:
+                self.writer.finish_output(cid)
+            else:
+                self._barriers_in_queue[cid] = len(self.channels)
+                for ch in self.channels:
                     ch.add_barrier(barrier)
+        if priority:
+            self.send_priority()
+
+    def send_priority(self) -> None:
+        """Send the priority events queued at the heads of the channels from this thread (lock not held)."""
+        for ch in self.channels:
+            ch.send_priority()
 
     def convert_barrier(self, checkpoint_id: int) -> bool:
         """Turn the checkpoint's aligned barriers still queued into priority barriers, persisting what they overtake;
@@ -132,6 +146,8 @@ class OutputPartition:
                 converted = True
                 for data, records in overtaken:
                     self.writer.add_output_data(checkpoint_id, ch.info, data, records)
+        if converted:
+            self.send_priority()
         return converted
 
     def barriers_queued(self, checkpoint_id: int) -> bool:
