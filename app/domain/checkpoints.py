@@ -207,10 +207,12 @@ async def trigger(
 
 _JOBS, _EVENTS = JobRow.__table__, EventRow.__table__
 _CP_COLUMNS = [
-    (a.key, a.columns[0].name, a.columns[0].default.arg if a.columns[0].default is not None else None)
+    (a.key, a.columns[0].name, d.arg if d is not None and d.is_scalar else None)
     for a in sa_inspect(CheckpointRow).column_attrs
+    for d in (a.columns[0].default,)
 ]
-"""(attribute, column, scalar default) of every column of a checkpoint row."""
+"""(attribute, column, scalar default) of every column of a checkpoint row (a trigger sets every column with a
+computed default itself)."""
 
 
 async def _record_trigger(s: AsyncSession, job: JobRow, cp: CheckpointRow, triggered: CheckpointTriggered, now: int) -> None:
