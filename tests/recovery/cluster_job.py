@@ -46,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.ui.enabled", "false")
         .config("spark.executor.memory", "512m")
+        # the first attempt starts at full parallelism: the session waits for both workers' executors to register
+        # (the test's workers start just before this driver, and on a loaded machine they register seconds apart)
+        .config("spark.cores.max", "4")
+        .config("spark.scheduler.minRegisteredResourcesRatio", "1.0")
+        .config("spark.scheduler.maxRegisteredResourcesWaitingTime", "120s")
         .config("spark.executorEnv.PYTHONPATH", python_path)
         .config("spark.python.worker.reuse", "true")
         .getOrCreate()
