@@ -101,9 +101,12 @@ def test_a_priority_barrier_goes_out_on_the_sender_thread_when_it_is_writing():
         outs[0].add_buffer(encode_records([0]), 1)
         outs[0].add_buffer(encode_records([1]), 1)
     _wait_until(lambda: gate.channels[0].received_buffers == 1, mb_in, "first buffer")
-    with mb_out.lock:
-        outs[0].add_priority_barrier(CheckpointBarrier(9, 0, "unaligned", unaligned=True))
-    with outs[0]._send_lock:  # the sender thread is writing a message: the loop leaves the barrier to it
+    # the sender thread is writing a message: the loop leaves the barrier to it. The lock is taken before the
+    # barrier is queued: the sender thread, out of credit, may not have gone back to waiting yet, and would send a
+    # barrier it finds at the head of the queue on its own
+    with outs[0]._send_lock:
+        with mb_out.lock:
+            outs[0].add_priority_barrier(CheckpointBarrier(9, 0, "unaligned", unaligned=True))
         outs[0].send_priority()
         time.sleep(0.05)
         assert sent == []
