@@ -233,7 +233,7 @@ def targets(r: StatePathsResult) -> list[Target]:
         at_sized.name += (f" (sized to this disk: twice the raw write of the direct path's state at "
                           f"{r.settings['large_raw_mib_s']:,.0f} MiB/s)")
         if at_1s is not None:
-            at_sized.detail += f"; at {r.settings.get('interval_ms', 1000)} ms: {at_1s.measured}"
+            at_sized.detail += f"; at {int(r.settings.get('interval_ms', 1000)):,} ms: {at_1s.measured}"
         out.append(at_sized)
     elif at_1s is not None:
         out.append(at_1s)

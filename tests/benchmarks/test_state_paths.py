@@ -54,7 +54,7 @@ def test_with_a_sized_run_the_target_reads_it_and_names_the_one_second_run_too()
     t = _large_target(r)
     assert "2,500 ms interval" in t.name and "271 MiB/s" in t.name
     assert t.met is True  # direct 1,150 ms within 2.5 s, through the coordinator 4,650 ms not
-    assert "at 1000 ms: direct p50 1,250 ms" in t.detail
+    assert "at 1,000 ms: direct p50 1,250 ms" in t.detail
     text = state_paths.markdown(r, "overtake bench state", "test machine")
     assert "| 2,500 ms | direct |" in text and "| 1,000 ms | through the coordinator |" in text
 
