@@ -259,22 +259,21 @@ async def complete_checkpoint(
     transaction's last insert of one). False lets the checkpoints this releases skip looking up references."""
     lifecycle.complete(cp, job, now)
     job.updated_at = now
-    emit(
-        s,
-        job,
-        CheckpointCompleted(
-            checkpoint_id=cp.id,
-            attempt=cp.attempt,
-            is_savepoint=cp.is_savepoint,
-            checkpoint_type=checkpoint_type(cp),
-            end_to_end_duration=now - cp.trigger_ts,
-            persisted_data=cp.persisted_data,
-            state_size=cp.state_size,
-        ),
-        now,
+    completed = CheckpointCompleted(
+        checkpoint_id=cp.id,
+        attempt=cp.attempt,
+        is_savepoint=cp.is_savepoint,
+        checkpoint_type=checkpoint_type(cp),
+        end_to_end_duration=now - cp.trigger_ts,
+        persisted_data=cp.persisted_data,
+        state_size=cp.state_size,
     )
     duration = (now - cp.trigger_ts) / 1000
     after_commit(s, lambda: (CHECKPOINTS.labels("completed").inc(), CHECKPOINT_DURATION.observe(duration)))
+    if older_pending is False and _completion_folds(s, job, cp):
+        await _complete_with_retention(s, job, cp, completed, now, unreferenced=referenced is False)
+        return
+    emit(s, job, completed, now)
     if not cp.is_savepoint:
         if older_pending is not False:
             older = (
@@ -310,6 +309,65 @@ async def complete_checkpoint(
         )
 
 
+def _completion_folds(s: AsyncSession, job: JobRow, cp: CheckpointRow) -> bool:
+    """Whether completing `cp` can be written with retention in one statement (`_complete_with_retention`): on
+    PostgreSQL, a checkpoint that is not a savepoint and is the job's newest completed one, when nothing but its row
+    and the job's is waiting to be flushed (the statement reads the other rows as they are in the database)."""
+    ss = s.sync_session
+    return (
+        not cp.is_savepoint
+        and not cp.stop_job
+        and job.latest_completed_id == cp.id
+        and ss.get_bind().dialect.name == "postgresql"
+        and not ss.new
+        and not ss.deleted
+        and all(o is cp or o is job for o in ss.dirty)
+    )
+
+
+def _changes(obj: object) -> dict[str, object]:
+    """attribute -> new value of every column attribute of `obj` changed since it was loaded."""
+    state = sa_inspect(obj)
+    return {key: hist.added[0] for key in state.mapper.column_attrs.keys() for hist in (state.attrs[key].history,)
+            if hist.added}
+
+
+_CP_COLUMN_OF = {key: name for key, name, _ in _CP_COLUMNS}
+_JOB_COLUMN_OF = {a.key: a.columns[0].name for a in sa_inspect(JobRow).column_attrs}
+
+
+async def _complete_with_retention(
+    s: AsyncSession, job: JobRow, cp: CheckpointRow, completed: CheckpointCompleted, now: int, *, unreferenced: bool
+) -> None:
+    """The completed checkpoint's row, its `checkpoint.completed` event, the job's row and retention in one
+    statement on PostgreSQL: the checkpoint's and the job's changes and the event's insert are data-modifying WITH
+    clauses of retention's statement, which counts the checkpoint as completed (`r_completing`: it reads the rows as
+    they were before the statement). The ORM's flush would take a round trip for each, all in the transaction that
+    completes the checkpoint. The session then holds the rows as written, as after a flush."""
+    event, event_row = numbered(s, job, completed, now)
+    job.event_seq = event.id
+    cp_changes, job_changes = _changes(cp), _changes(job)
+    params = {**_retention_params(job, now_ms()), "r_completing": cp.id}
+    released = unreferenced
+    statement = (_COMPLETING_DISCARD_AND_RELEASE if released else _COMPLETING_DISCARD).add_cte(
+        update(_CPS)
+        .where(_CPS.c.job_id == job.id, _CPS.c.id == cp.id)
+        .values({_CP_COLUMN_OF[k]: v for k, v in cp_changes.items()})
+        .cte("completed")
+    ).add_cte(
+        insert(_EVENTS).values(event_row).cte("completed_event")
+    ).add_cte(
+        update(_JOBS).where(_JOBS.c.id == job.id).values({_JOB_COLUMN_OF[k]: v for k, v in job_changes.items()})
+        .cte("completed_job")
+    )
+    conn = await s.connection()  # not the session's execute: its autoflush would write the rows on their own
+    drop = sorted((await conn.execute(statement, params)).scalars(), reverse=True)
+    for obj, changes in ((cp, cp_changes), (job, job_changes)):
+        for key, value in changes.items():
+            set_committed_value(obj, key, value)
+    await _retained(s, job, drop, params["r_now"], released=released, unreferenced=unreferenced)
+
+
 _CPS = CheckpointRow.__table__
 _OLDER = aliased(CheckpointRow)
 OLDER_PENDING = (
@@ -326,62 +384,78 @@ OLDER_PENDING = (
 (those its completion subsumes)."""
 
 _R_JOB = bindparam("r_job", type_=_CPS.c.job_id.type)
-_NEWEST_FIRST_BEYOND_RETAINED = (
-    select(_CPS.c.id)
-    .where(
-        _CPS.c.job_id == _R_JOB,
-        _CPS.c.status == COMPLETED,
-        _CPS.c.is_savepoint.is_(False),
-        _CPS.c.discarded.is_(False),
-    )
-    .order_by(_CPS.c.id.desc())
-    .offset(bindparam("r_retained", type_=Integer))
-)
-# Retention in one statement: discard (and mark for cleaning) the completed checkpoints beyond the newest `retained`,
-# never the latest.
-_DISCARD_BEYOND_RETAINED = (
-    update(_CPS)
-    .where(
-        _CPS.c.job_id == _R_JOB,
-        _CPS.c.id != bindparam("r_latest", type_=BigInteger),
-        _CPS.c.id.in_(_NEWEST_FIRST_BEYOND_RETAINED),
-    )
-    .values(discarded=True, cleanup=cleanup.PREFIX, cleanup_at=bindparam("r_now", type_=BigInteger))
-    .returning(_CPS.c.id)
-)
-
 _BLOBS = BlobRow.__table__
-_DISCARDED = _DISCARD_BEYOND_RETAINED.cte("discarded")
-# PostgreSQL: retention and the release of the discarded checkpoints' blobs in one statement (a data-modifying
-# CTE), for a job without channel state references (nothing of the discarded checkpoints is held then).
-_DISCARD_AND_RELEASE_BEYOND_RETAINED = select(_DISCARDED.c.id).add_cte(
-    update(_BLOBS)
-    .where(
-        _BLOBS.c.job_id == _R_JOB,
-        _BLOBS.c.checkpoint_id.in_(select(_DISCARDED.c.id)),
-        _BLOBS.c.status == "stored",
+
+
+def _retention_statements(completing: bool) -> tuple:
+    """Retention in one statement: discard (and mark for cleaning) the completed checkpoints beyond the newest
+    `retained`, never the latest; and on PostgreSQL retention with the release of the discarded checkpoints' blobs
+    in one statement (a data-modifying CTE), for a job without channel state references (nothing of the discarded
+    checkpoints is held then). `completing`: the statement also completes the checkpoint `r_completing` (in CTEs of
+    its own, `_complete_with_retention`), whose row it reads as it was before the statement, pending: it counts
+    that checkpoint as completed."""
+    done = _CPS.c.status == COMPLETED
+    if completing:
+        done = done | (_CPS.c.id == bindparam("r_completing", type_=BigInteger))
+    newest_first_beyond_retained = (
+        select(_CPS.c.id)
+        .where(_CPS.c.job_id == _R_JOB, done, _CPS.c.is_savepoint.is_(False), _CPS.c.discarded.is_(False))
+        .order_by(_CPS.c.id.desc())
+        .offset(bindparam("r_retained", type_=Integer))
     )
-    .values(status="deleting")
-    .cte("released")
-)
+    discard = (
+        update(_CPS)
+        .where(
+            _CPS.c.job_id == _R_JOB,
+            _CPS.c.id != bindparam("r_latest", type_=BigInteger),
+            _CPS.c.id.in_(newest_first_beyond_retained),
+        )
+        .values(discarded=True, cleanup=cleanup.PREFIX, cleanup_at=bindparam("r_now", type_=BigInteger))
+        .returning(_CPS.c.id)
+    )
+    discarded = discard.cte("discarded")
+    release = select(discarded.c.id).add_cte(
+        update(_BLOBS)
+        .where(
+            _BLOBS.c.job_id == _R_JOB,
+            _BLOBS.c.checkpoint_id.in_(select(discarded.c.id)),
+            _BLOBS.c.status == "stored",
+        )
+        .values(status="deleting")
+        .cte("released")
+    )
+    return discard, release
+
+
+_DISCARD_BEYOND_RETAINED, _DISCARD_AND_RELEASE_BEYOND_RETAINED = _retention_statements(completing=False)
+_COMPLETING_DISCARD, _COMPLETING_DISCARD_AND_RELEASE = _retention_statements(completing=True)
+
+
+def _retention_params(job: JobRow, now: int) -> dict:
+    return {
+        "r_job": job.id,
+        "r_retained": max(1, int(job.config.get("retained", 1))),
+        "r_latest": -1 if job.latest_completed_id is None else job.latest_completed_id,
+        "r_now": now,
+    }
 
 
 async def apply_retention(s: AsyncSession, job: JobRow, *, unreferenced: bool = False) -> list[int]:
     """Keep the newest `retained` completed checkpoints; discard older ones' blobs. Never savepoints, never the latest.
     `unreferenced`: the job has no channel state reference (`cleanup.release`)."""
-    retained = max(1, int(job.config.get("retained", 1)))
     now = now_ms()
     await s.flush()  # the statement reads the checkpoints as this transaction changed them (the one just completed)
     conn = await s.connection()
-    params = {
-        "r_job": job.id,
-        "r_retained": retained,
-        "r_latest": -1 if job.latest_completed_id is None else job.latest_completed_id,
-        "r_now": now,
-    }
     released = unreferenced and conn.dialect.name == "postgresql"
     statement = _DISCARD_AND_RELEASE_BEYOND_RETAINED if released else _DISCARD_BEYOND_RETAINED
-    drop = sorted((await conn.execute(statement, params)).scalars(), reverse=True)
+    drop = sorted((await conn.execute(statement, _retention_params(job, now))).scalars(), reverse=True)
+    await _retained(s, job, drop, now, released=released, unreferenced=unreferenced)
+    return drop
+
+
+async def _retained(s: AsyncSession, job: JobRow, drop: list[int], now: int, *, released: bool,
+                    unreferenced: bool) -> None:
+    """After retention's statement discarded `drop` (newest first): what the session and the cleaning learn."""
     if drop:
         identities = s.sync_session.identity_map
         for cp_id in drop:  # the statement bypassed the session: a checkpoint loaded in it learns what changed
@@ -395,7 +469,6 @@ async def apply_retention(s: AsyncSession, job: JobRow, *, unreferenced: bool = 
             cleanup.clean_after_commit(s, job.id, drop)
         else:
             await release_blobs(s, job.id, drop, now, marked=True, unreferenced=unreferenced)
-    return drop
 
 
 async def get_checkpoint_or_404(s: AsyncSession, job_id: int, checkpoint_id: int) -> CheckpointRow:

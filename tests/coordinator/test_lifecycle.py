@@ -54,6 +54,49 @@ async def test_a_trigger_writes_its_checkpoint_event_and_job_counters_in_one_sta
     assert (await api.trigger(job["id"])).json()["id"] == 3
 
 
+async def test_completing_writes_checkpoint_event_job_and_retention_in_one_statement_on_postgresql(api):
+    """The transaction of the last ack completes the checkpoint: on PostgreSQL its row, its `checkpoint.completed`
+    event, the job's row and retention (which counts the checkpoint completing in the same statement as completed)
+    are one statement, not four. What it writes is what the ORM's flush writes on SQLite: the checkpoint as the API
+    shows it, its event numbered next with the checkpoint's numbers, the job's latest completed checkpoint, and the
+    checkpoints beyond `retained` discarded, never the one just completed."""
+    from tests.coordinator._sql import recorded_statements
+
+    job = await api.job(retained=2)
+    jid = job["id"]
+    for cp_id in (1, 2, 3, 4):
+        assert (await api.trigger(jid)).status_code == 201
+        with recorded_statements(api) as statements:
+            answers = await api.ack_all(job, cp_id)
+        assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+        assert answers[-1].json()["status"] == "COMPLETED"
+        if not api.ctx.db.is_sqlite:
+            # every statement that writes the job or an event, or sets a checkpoint's status
+            writes = [st for st in statements if "INSERT INTO EVENTS" in st or "UPDATE JOBS" in st
+                      or "UPDATE CHECKPOINTS SET STATUS" in st]
+            assert len(writes) == 1, writes
+            assert writes[0].startswith("WITH DISCARDED AS (UPDATE CHECKPOINTS SET DISCARDED"), writes[0]
+            for clause in ("COMPLETED AS (UPDATE CHECKPOINTS SET", "COMPLETED_EVENT AS (INSERT INTO EVENTS",
+                           "COMPLETED_JOB AS (UPDATE JOBS SET"):
+                assert clause in writes[0], clause
+        shown = await api.checkpoint(jid, cp_id)
+        assert shown["status"] == "COMPLETED" and shown["discarded"] is False
+        assert shown["num_acknowledged_subtasks"] == shown["num_subtasks"] == len(answers)
+        events = await api.events(jid)
+        assert [e["id"] for e in events] == list(range(1, len(events) + 1))
+        last = events[-1]
+        assert last["type"] == "checkpoint.completed" and last["data"]["checkpoint_id"] == cp_id
+        assert last["timestamp"] == shown["completed_timestamp"]
+        assert last["data"]["end_to_end_duration"] == shown["completed_timestamp"] - shown["trigger_timestamp"]
+        r = await api.client.get(f"/api/v1/jobs/{jid}")
+        assert r.json()["latest_completed_checkpoint_id"] == cp_id
+        assert r.json()["latest_completed_at"] == shown["completed_timestamp"]
+        # retained=2: the two newest completed checkpoints are kept, the older ones discarded
+        for older in range(1, cp_id + 1):
+            assert (await api.checkpoint(jid, older))["discarded"] is (older <= cp_id - 2), (cp_id, older)
+    assert (await api.trigger(jid)).json()["id"] == 5
+
+
 async def test_ids_continue_after_a_coordinator_restart(make_api, request):
     url = None
     if os.environ.get("OVERTAKE_TEST_ALSO_PG", "1") == "1":
