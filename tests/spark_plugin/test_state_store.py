@@ -69,6 +69,66 @@ def test_writing_again_replaces_the_object_whole(tmp_path):
     assert (tmp_path / "job-1" / "cp-000000000003" / "s.state").read_bytes() == b"cd"
 
 
+def test_a_large_state_is_hashed_beside_its_write_and_written_whole_through_short_writes(tmp_path, monkeypatch):
+    """State of HASH_ASIDE_BYTES or more is hashed on the writer's thread while the subtask writes it (a smaller one
+    on the subtask's own); the object holds the operator state, then the channel state, however short the file
+    system's writes, and it is the only file the write creates (no temporary file renamed into place)."""
+    import os
+    import threading
+
+    from spark_plugin.task import state_store
+
+    hashed_on: list[str] = []
+    digests = state_store._digests
+
+    def recording(op: bytes, ch: bytes):
+        hashed_on.append(threading.current_thread().name)
+        return digests(op, ch)
+
+    real_writev, real_open = os.writev, os.open
+    opened: list[str] = []
+    monkeypatch.setattr(state_store, "_digests", recording)
+    monkeypatch.setattr(state_store.os, "writev", lambda fd, views: real_writev(fd, [bytes(views[0][:100_000])]))
+    monkeypatch.setattr(state_store.os, "open", lambda p, *a, **k: (opened.append(str(p)), real_open(p, *a, **k))[1])
+    op, ch = os.urandom(3000), os.urandom(state_store.HASH_ASIDE_BYTES + 12_345)
+    w = StateWriter("big.state")
+    written = w.write(target(tmp_path), op, ch)
+    path = tmp_path / "job-1" / "cp-000000000003" / "big.state"
+    assert path.read_bytes() == op + ch
+    assert (written.size, written.operator_size) == (len(op) + len(ch), len(op))
+    assert (written.operator_sha256, written.channel_sha256) == (sha(op), sha(ch))
+    assert hashed_on[-1].startswith("overtake-state-hash")
+    w.write(target(tmp_path), b"small-op", b"small-ch")
+    assert path.read_bytes() == b"small-opsmall-ch"  # cut to the new size
+    assert hashed_on[-1] == threading.current_thread().name
+    files = [p for p in opened if not Path(p).is_dir()]
+    assert files == [str(path), str(path)]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["big.state"]
+    w.close()
+
+
+def test_writing_the_same_state_again_never_leaves_other_bytes_even_cut_short(tmp_path, monkeypatch):
+    """A retried ack writes the same state again, and the first ack may have counted: the object is written over,
+    not truncated first, so a write again that stops half way (a crash) leaves the object as it was."""
+    import os
+
+    from spark_plugin.task import state_store
+
+    op, ch = os.urandom(1000), os.urandom(50_000)
+    StateWriter("s.state").write(target(tmp_path), op, ch)
+    path = tmp_path / "job-1" / "cp-000000000003" / "s.state"
+    real_writev = os.writev
+
+    def crash_half_way(fd, views):
+        real_writev(fd, [bytes(views[0][:20_000])])
+        raise OSError("the machine stopped")
+
+    monkeypatch.setattr(state_store.os, "writev", crash_half_way)
+    with pytest.raises(OSError):
+        StateWriter("s.state").write(target(tmp_path), op, ch)
+    assert path.read_bytes() == op + ch
+
+
 def stored(tmp_path: Path, blobs: list[bytes]) -> tuple[Path, list[BlobLocation]]:
     path = tmp_path / "obj"
     path.write_bytes(b"".join(blobs))
