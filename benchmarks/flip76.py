@@ -438,7 +438,7 @@ def channel_state_write(directory: Path, total: int, blob: int, buffers: list[tu
     Each blob goes through the runtime's :class:`ChannelStateWriter` (2 input channels whose buffers are counted
     by the writer as the runtime's input side does, 2 output channels with known record counts), ``take()``
     lays it out, and the subtask's :class:`StateWriter` writes it under its checkpoint's prefix as a subtask does
-    straight into a ``file://`` store (a temporary file, fsynced, renamed into place, the directory fsynced). With
+    straight into a ``file://`` store (the object written in place and fsynced, then its directory). With
     ``to_disk=False`` only the channel-state writer runs.
     """
     from contract.models import WriteTarget

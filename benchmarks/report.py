@@ -366,8 +366,9 @@ def markdown(r: BenchResults) -> str:
                    f"Raw: one file written sequentially in 4 MiB writes, then fsync. Channel state: the runtime's "
                    f"`ChannelStateWriter` fed real {d.buffer_bytes:,} B buffers of the benchmark's records over 2 "
                    f"input and 2 output channels, one blob of {nbytes(d.blob_bytes)} (a subtask's in-flight "
-                   f"capacity with the default sizing) per checkpoint, each written to its own file, fsynced and "
-                   f"renamed into place as the coordinator's file blob store commits an upload.\n")
+                   f"capacity with the default sizing) per checkpoint, each written to its own file under its "
+                   f"checkpoint's prefix and fsynced with its directory, as a subtask writes its state straight "
+                   f"into a `file://` store.\n")
         rows = [
             ["raw sequential write + fsync", f"{d.raw:,.0f}", "100%"],
             ["channel state: writer → file per blob + fsync", f"{d.channel_state:,.0f}", f"{d.ratio * 100:.0f}%"],
