@@ -377,7 +377,7 @@ def markdown(r: BenchResults) -> str:
         ]
         out.append(_table(["measurement", "MiB/s", "vs raw"], rows) + "\n")
         if d.fsync_per_blob_ms:
-            out.append(f"Mean durable write per blob (write, fsync, rename, directory fsync): "
+            out.append(f"Mean durable write per blob (write, fsync, directory fsync): "
                        f"{sum(d.fsync_per_blob_ms) / len(d.fsync_per_blob_ms):.2f} ms.\n")
 
     if r.acks is not None:
