@@ -128,6 +128,11 @@ def run_task(bundle: TaskBundle, _partition: Any) -> Iterator[bytes]:
         life.connect({m["task"]: (m["host"], m["port"]) for m in peers})
         result = life.run()
         result = life.end(result, wait_for_peers=ctx.barrier)  # every subtask left its loop: channels may close
+        if bundle.network.ack_relay:
+            # Ending drained this task's ack worker, but a checkpoint answered while the tasks waited for each other
+            # may still be acking in another task: no relay closes before every task of the stage sent its last ack
+            # (a subtask that finds its relay gone acks on its own, correctly, but one request per ack again).
+            ctx.barrier()
         result.acks_relayed = reporter.relayed
     finally:  # Spark reuses Python workers: nothing of this task may outlive it
         reporter.close()
