@@ -11,7 +11,9 @@ retries, refusals and a discarded checkpoint behave exactly as with a request of
 A relay is no new way to fail: the stage is a barrier stage, so the relay's task dying fails every task of the
 stage anyway. Until then, a subtask that cannot reach its relay (or gets no answer from it within
 ``RELAY_WAIT``) acks on its own, directly, from then on. A relay takes acks only from a connection that
-presented the attempt's task token first.
+presented the attempt's task token first. The relay's task closes it only after every task of the stage sent
+its last ack: after their loops the tasks pass a second barrier once each has drained its ack worker
+(``spark_task.py``), so a checkpoint answered at the very end is relayed like every other.
 
 The wire: frames of a 4-byte big-endian length and a JSON object. A subtask sends ``{"token": ...}`` once, then
 ``{"id", "checkpoint_id", "ack"}`` per ack; the relay answers ``{"id", "status", "code", "message"}``, where
