@@ -139,6 +139,7 @@ def run_task(bundle: TaskBundle, _partition: Any) -> Iterator[bytes]:
         if relay is not None:
             relay.close()
             relay.client.close()
+        writer.close()  # its hashing thread and its HTTP client (S3)
         client.close()
         metrics_client.close()
     yield pickle.dumps(result)

@@ -91,6 +91,7 @@ def test_a_large_state_is_hashed_beside_its_write_and_written_whole_through_shor
     monkeypatch.setattr(state_store.os, "writev", lambda fd, views: real_writev(fd, [bytes(views[0][:100_000])]))
     monkeypatch.setattr(state_store.os, "open", lambda p, *a, **k: (opened.append(str(p)), real_open(p, *a, **k))[1])
     op, ch = os.urandom(3000), os.urandom(state_store.HASH_ASIDE_BYTES + 12_345)
+    before = set(threading.enumerate())
     w = StateWriter("big.state")
     written = w.write(target(tmp_path), op, ch)
     path = tmp_path / "job-1" / "cp-000000000003" / "big.state"
@@ -104,7 +105,14 @@ def test_a_large_state_is_hashed_beside_its_write_and_written_whole_through_shor
     files = [p for p in opened if not Path(p).is_dir()]
     assert files == [str(path), str(path)]
     assert sorted(p.name for p in path.parent.iterdir()) == ["big.state"]
-    w.close()
+    hashing = [t for t in set(threading.enumerate()) - before if t.name.startswith("overtake-state-hash")]
+    assert hashing
+    pool = w._hasher  # held here, so only close() can end its thread (not its collection)
+    w.close()  # a Spark task closes its writer as it ends: nothing of the task outlives it in a reused worker
+    for t in hashing:
+        t.join(10.0)
+        assert not t.is_alive()
+    assert pool is not None
 
 
 def test_writing_the_same_state_again_never_leaves_other_bytes_even_cut_short(tmp_path, monkeypatch):
