@@ -63,6 +63,12 @@ class AckPathStats:
     """Just before each relay round: the round's bytes (every subtask's object) written by one thread as one file in
     the store's directory, with one fsync of the file and one of its directory: what this disk allows for the
     round's writes, against ``relay_write_span_ms``."""
+    commit_floor_ms: list[float] = field(default_factory=list)
+    """Just before each relay round: one PostgreSQL transaction that writes one row and commits (its WAL flushed),
+    on the coordinator's database: the least the transaction recording the acks can take on this machine."""
+    request_floor_ms: list[float] = field(default_factory=list)
+    """Just before each relay round: one request to the coordinator that does no database work (``GET /healthz``):
+    the least the relay's request around that transaction can add."""
 
     @staticmethod
     def _p50(xs: list[float]) -> float | None:
@@ -88,8 +94,16 @@ class AckPathStats:
                  relay_control_p50=self._p50(self.relay_control_ms), direct_control_p50=self._p50(self.direct_control_ms),
                  relay_write_span_p50=self._p50(self.relay_write_span_ms),
                  relay_request_p50=self._p50(self.relay_request_ms), relay_commit_p50=self._p50(self.relay_commit_ms),
-                 disk_floor_p50=self._p50(self.disk_floor_ms))
+                 disk_floor_p50=self._p50(self.disk_floor_ms), commit_floor_p50=self._p50(self.commit_floor_ms),
+                 request_floor_p50=self._p50(self.request_floor_ms), floor_p50=self.floor_p50)
         return d
+
+    @property
+    def floor_p50(self) -> float | None:
+        """The ack path's floor on this machine: the round's bytes made durable as one file, then one commit and one
+        request, each at its p50 (nothing of the path's own work: what any implementation would pay)."""
+        parts = [self._p50(xs) for xs in (self.disk_floor_ms, self.commit_floor_ms, self.request_floor_ms)]
+        return None if any(p is None for p in parts) else sum(parts)
 
 
 def _one_file(directory: Path, data: bytes) -> float:
@@ -115,6 +129,45 @@ def _one_file(directory: Path, data: bytes) -> float:
     return took
 
 
+class _ControlFloor:
+    """One committed one-row transaction on the coordinator's PostgreSQL database, and one request to the coordinator
+    that does no database work, each timed on a connection kept open (as the coordinator's and the relay's are)."""
+
+    TABLE = "overtake_bench_commit_floor"
+
+    def __init__(self, url: str, db_url: str | None) -> None:
+        import httpx
+
+        self.http = httpx.Client(base_url=url, timeout=10.0)
+        self.db = None
+        if db_url is not None and db_url.startswith("postgresql"):
+            import psycopg
+
+            self.db = psycopg.connect(db_url.replace("+asyncpg", "", 1))
+            self.db.execute(f"CREATE TABLE IF NOT EXISTS {self.TABLE} (n bigint)")
+            self.db.commit()
+
+    def commit_ms(self) -> float | None:
+        if self.db is None:
+            return None
+        t0 = time.perf_counter()
+        self.db.execute(f"INSERT INTO {self.TABLE} VALUES (1)")
+        self.db.commit()
+        return (time.perf_counter() - t0) * 1000
+
+    def request_ms(self) -> float:
+        t0 = time.perf_counter()
+        self.http.get("/healthz").raise_for_status()
+        return (time.perf_counter() - t0) * 1000
+
+    def close(self) -> None:
+        self.http.close()
+        if self.db is not None:
+            self.db.execute(f"DROP TABLE IF EXISTS {self.TABLE}")
+            self.db.commit()
+            self.db.close()
+
+
 def _commit_totals(url: str) -> tuple[float, float]:
     """The coordinator's ack transactions so far: (seconds, count), from its Prometheus metrics."""
     import httpx
@@ -127,9 +180,11 @@ def _commit_totals(url: str) -> tuple[float, float]:
     return total["overtake_ack_commit_seconds_sum"], total["overtake_ack_commit_seconds_count"]
 
 
-def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause: float = 0.3) -> AckPathStats:
+def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause: float = 0.3,
+            db_url: str | None = None) -> AckPathStats:
     """``rounds`` checkpoints of each path (in turn) of a fresh job with ``subtasks`` subtasks, each subtask
-    acked by its own thread. The coordinator must hand out write targets (``OVERTAKE_STATE_WRITES=direct``)."""
+    acked by its own thread. The coordinator must hand out write targets (``OVERTAKE_STATE_WRITES=direct``).
+    ``db_url``: the coordinator's PostgreSQL database, for the floor of a commit (``commit_floor_ms``)."""
     from client.sync import OvertakeClient
     from contract.models import EventType, WriteTarget
     from spark_plugin.task.ack_relay import AckRelay, RelayReporter
@@ -145,6 +200,7 @@ def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause
         channel = os.urandom(channel_blob_bytes)
         operator = os.urandom(2048)
         lock = threading.Lock()
+        floor = _ControlFloor(url, db_url)
         relay = AckRelay(OvertakeClient(url, attempt.task_token), job.id, attempt.task_token)
         port = relay.start()
         reporters = []
@@ -194,6 +250,10 @@ def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause
 
                 if mode == "relay" and target is not None and target.url.startswith("file://"):
                     st.disk_floor_ms.append(_one_file(_file_path(target.url), os.urandom(subtasks * (len(channel) + len(operator) + 8))))
+                    commit = floor.commit_ms()
+                    if commit is not None:
+                        st.commit_floor_ms.append(commit)
+                    st.request_floor_ms.append(floor.request_ms())
                     time.sleep(pause)
                 commits_before, requests_before = _commit_totals(url), (relay.request_seconds, relay.requests)
                 t0 = time.perf_counter()
@@ -225,5 +285,6 @@ def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause
                 rep.close()
             relay.close()
             relay.client.close()
+            floor.close()
             close_job(admin, job, attempt, clients)
     return st

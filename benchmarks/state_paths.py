@@ -121,11 +121,13 @@ def measure(spark: Any, pg_admin_url: str, s: Settings, status: Callable[[str], 
                                         "large_network": asdict(large_state_network())})
     drops = []
     coordinators: dict[str, Any] = {}
+    databases: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="overtake-bench-state-") as tmp:
         try:
             for path in PATHS:
                 db, drop = new_pg_database(pg_admin_url)
                 drops.append(drop)
+                databases[path] = db
                 coordinators[path] = LocalCoordinator(
                     Path(tmp) / path,
                     {"OVERTAKE_DATABASE_URL": db, "OVERTAKE_LOG_LEVEL": "WARNING", "OVERTAKE_STATE_WRITES": path},
@@ -167,7 +169,7 @@ def measure(spark: Any, pg_admin_url: str, s: Settings, status: Callable[[str], 
             status("control path: trigger delivery to 8 subscribers")
             result.trigger = trigger_delivery(coordinators["direct"].url, subscribers=8, rounds=30)
             status("control path: 8 subtasks x 1 MiB of state")
-            result.ack_path = ack_path(coordinators["direct"].url, 8, 20, 1 << 20)
+            result.ack_path = ack_path(coordinators["direct"].url, 8, 20, 1 << 20, db_url=databases["direct"])
         finally:
             for c in coordinators.values():
                 c.stop()
@@ -215,7 +217,8 @@ def targets(r: StatePathsResult) -> list[Target]:
                           f"all 8 objects durable {_p(a['relay_write_span_p50'], digits=1)} after the start (the same "
                           f"8 MiB as one file with one fsync: {_p(a['disk_floor_p50'], digits=1)}), then all acked "
                           f"{_p(a['relay_control_p50'], digits=1)} later (an ack request per subtask "
-                          f"{_p(r.ack_path.direct_p50, digits=1)}, through the coordinator {_p(r.ack_path.p50, digits=1)})",
+                          f"{_p(r.ack_path.direct_p50, digits=1)}, through the coordinator {_p(r.ack_path.p50, digits=1)})"
+                          f"{_floor(a)}",
                           None if p is None else p <= 15, "–" if p is None else f"{p / 15:.2f}× the target"))
     small = [x for x in r.cpu_runs if x.path == "direct"]
     if len(small) >= 2 and all(x.cpu_per_checkpoint_ms for x in small):
@@ -238,6 +241,15 @@ def targets(r: StatePathsResult) -> list[Target]:
     elif at_1s is not None:
         out.append(at_1s)
     return out
+
+
+def _floor(a: dict) -> str:
+    """The ack path's floor on this machine, in words: what any implementation pays (``AckPathStats.floor_p50``)."""
+    if a.get("floor_p50") is None:
+        return ""
+    return (f"; this machine's floor for it: the 8 MiB durable as one file {_p(a['disk_floor_p50'], digits=1)}, "
+            f"one PostgreSQL commit {_p(a['commit_floor_p50'], digits=1)} and one request with no database work "
+            f"{_p(a['request_floor_p50'], digits=1)}: {_p(a['floor_p50'], digits=1)}")
 
 
 def _large_target(r: StatePathsResult, what: str, interval: int) -> Target | None:
@@ -310,7 +322,7 @@ def markdown(r: StatePathsResult, command: str, machine: str) -> str:
                      f"of which the coordinator's transaction {_p(a['relay_commit_p50'], digits=1)}), "
                      f"{_p(a['direct_p50'], digits=1)} direct with an ack "
                      f"request per subtask (ack request {_p(a['ack_p50'], digits=1)}), {_p(a['p50'], digits=1)} "
-                     "through the coordinator.\n")
+                     f"through the coordinator{_floor(a)}.\n")
     return "\n".join(lines) + "\n"
 
 

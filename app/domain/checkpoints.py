@@ -348,8 +348,7 @@ async def _complete_with_retention(
     job.event_seq = event.id
     cp_changes, job_changes = _changes(cp), _changes(job)
     params = {**_retention_params(job, now_ms()), "r_completing": cp.id}
-    released = unreferenced
-    statement = (_COMPLETING_DISCARD_AND_RELEASE if released else _COMPLETING_DISCARD).add_cte(
+    statement = (_COMPLETING_DISCARD_AND_RELEASE if unreferenced else _COMPLETING_DISCARD).add_cte(
         update(_CPS)
         .where(_CPS.c.job_id == job.id, _CPS.c.id == cp.id)
         .values({_CP_COLUMN_OF[k]: v for k, v in cp_changes.items()})
@@ -365,7 +364,7 @@ async def _complete_with_retention(
     for obj, changes in ((cp, cp_changes), (job, job_changes)):
         for key, value in changes.items():
             set_committed_value(obj, key, value)
-    await _retained(s, job, drop, params["r_now"], released=released, unreferenced=unreferenced)
+    await _retained(s, job, drop, params["r_now"], released=unreferenced, unreferenced=unreferenced)
 
 
 _CPS = CheckpointRow.__table__

@@ -63,3 +63,54 @@ def test_a_sized_run_the_coordinator_also_finishes_is_a_miss():
     r = _result(2500)
     r.large_runs[-1] = _large("coordinator", "large, sized interval", [2000, 2100], 289 * MIB)
     assert _large_target(r).met is False
+
+
+def _ack_path(commit_floor: list[float]) -> state_paths.StatePathsResult:
+    from benchmarks.ackpath import AckPathStats
+
+    a = AckPathStats(8, 3, MIB)
+    a.relay_ms = [29.0, 30.0, 31.0]
+    a.relay_write_span_ms = [13.0, 14.0, 15.0]
+    a.relay_control_ms = [15.0, 16.0, 17.0]
+    a.disk_floor_ms = [12.0, 13.0, 14.0]
+    a.commit_floor_ms = commit_floor
+    a.request_floor_ms = [0.4, 0.5, 0.6]
+    r = state_paths.StatePathsResult(settings={"interval_ms": 1000, "parallelism": 2, "large_seconds": 20,
+                                               "record_cost_ms": 1})
+    r.ack_path = a
+    return r
+
+
+def test_the_ack_path_target_names_this_machines_floor_as_the_sum_of_its_parts():
+    r = _ack_path([2.0, 2.5, 3.0])
+    assert r.ack_path.floor_p50 == 13.0 + 2.5 + 0.5
+    (t,) = [t for t in state_paths.targets(r) if t.name.startswith("ack path")]
+    assert t.met is False and "30.0 ms through the host's relay" in t.measured
+    assert ("the 8 MiB durable as one file 13.0 ms, one PostgreSQL commit 2.5 ms and one request with no database "
+            "work 0.5 ms: 16.0 ms") in t.measured
+    assert "one PostgreSQL commit 2.5 ms" in state_paths.markdown(r, "overtake bench state", "test machine")
+
+
+def test_without_a_commit_measured_no_floor_is_claimed():
+    r = _ack_path([])
+    assert r.ack_path.floor_p50 is None
+    (t,) = [t for t in state_paths.targets(r) if t.name.startswith("ack path")]
+    assert "floor for it" not in t.measured
+
+
+def test_the_commit_floor_commits_a_row_in_postgresql_and_leaves_nothing_behind(pg_url):
+    import psycopg
+
+    from benchmarks.ackpath import _ControlFloor
+
+    plain = pg_url.replace("+asyncpg", "", 1)
+    floor = _ControlFloor("http://127.0.0.1:9", pg_url)  # no request is sent: only the commit is timed here
+    try:
+        assert floor.commit_ms() > 0
+        assert floor.commit_ms() > 0
+        with psycopg.connect(plain) as other:  # committed: another connection sees both rows
+            assert other.execute(f"SELECT count(*) FROM {_ControlFloor.TABLE}").fetchone()[0] == 2
+    finally:
+        floor.close()
+    with psycopg.connect(plain) as other:
+        assert other.execute("SELECT to_regclass(%s)", (_ControlFloor.TABLE,)).fetchone()[0] is None
