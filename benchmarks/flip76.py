@@ -7,6 +7,7 @@ Scenario 5 (coordinator ack throughput) lives in :mod:`benchmarks.acks`; the rep
 from __future__ import annotations
 
 import os
+import queue
 import re
 import statistics
 import threading
@@ -429,18 +430,11 @@ def raw_write(path: Path, total: int, chunk: int = 4 << 20) -> float:
     return elapsed
 
 
-def channel_state_write(directory: Path, total: int, blob: int, buffers: list[tuple[bytes, int]],
-                        to_disk: bool = True, writers: int = 1) -> tuple[float, float]:
-    """Seconds to persist ``total`` bytes of channel state as blobs of about ``blob`` bytes by ``writers`` subtasks at
-    once (each its share, as a checkpoint's subtasks write at the same time), and the mean time to make one blob
-    durable.
-
-    Each blob goes through the runtime's :class:`ChannelStateWriter` (2 input channels whose buffers are counted
-    by the writer as the runtime's input side does, 2 output channels with known record counts), ``take()``
-    lays it out, and the subtask's :class:`StateWriter` writes it under its checkpoint's prefix as a subtask does
-    straight into a ``file://`` store (the object written in place and fsynced, then its directory). With
-    ``to_disk=False`` only the channel-state writer runs.
-    """
+def _subtask_writes(directory: Path, k: int, share: int, per_blob: int, buffers: list[tuple[bytes, int]],
+                    to_disk: bool, start: Any = None) -> tuple[float, float, int, list[float]]:
+    """One subtask of :func:`channel_state_write`: checkpoints of about ``per_blob`` buffers each until it persisted
+    its ``share``. Returns (started, ended, bytes written, seconds each blob took to be durable); ``start``: a
+    barrier every subtask passes before its clock starts (the processes' start-up is not timed)."""
     from contract.models import WriteTarget
     from spark_plugin.plan.topology import ChannelInfo
     from spark_plugin.task.channel_state import ChannelStateWriter
@@ -448,14 +442,14 @@ def channel_state_write(directory: Path, total: int, blob: int, buffers: list[tu
 
     infos = [ChannelInfo(f"in-{i}", "input", "upstream", i, "hash") for i in range(2)]
     infos += [ChannelInfo(f"out-{i}", "output", "downstream", i, "hash") for i in range(2)]
-    per_blob = max(1, blob // len(buffers[0][0]))
+    writer = StateWriter(f"subtask-{k}.state")
     durable: list[float] = []
-    written = [0] * writers
-
-    def subtask(k: int) -> None:
-        writer = StateWriter(f"subtask-{k}.state")
-        cid = 0
-        while written[k] < total // writers:
+    written, cid = 0, 0
+    if start is not None:
+        start.wait()
+    t0 = time.perf_counter()
+    try:
+        while written < share:
             cid += 1
             w = ChannelStateWriter()
             w.start(cid)
@@ -473,20 +467,80 @@ def channel_state_write(directory: Path, total: int, blob: int, buffers: list[tu
                 f0 = time.perf_counter()
                 writer.write(WriteTarget(prefix=f"job-1/cp-{cid:012d}/", url=directory.as_uri()), None, res.data)
                 durable.append(time.perf_counter() - f0)
-            written[k] += len(res.data)
+            written += len(res.data)
+    finally:
+        writer.close()
+    return t0, time.perf_counter(), written, durable
 
-    threads = [threading.Thread(target=subtask, args=(k,)) for k in range(writers)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - t0
+
+def _subtask_process(args: tuple, start: Any, out: Any) -> None:
+    try:
+        out.put(_subtask_writes(*args, start=start))
+    except BaseException as exc:  # noqa: BLE001 - the parent raises it
+        out.put(exc)
+        raise
+
+
+def channel_state_write(directory: Path, total: int, blob: int, buffers: list[tuple[bytes, int]],
+                        to_disk: bool = True, writers: int = 1) -> tuple[float, float]:
+    """Seconds to persist ``total`` bytes of channel state as blobs of about ``blob`` bytes by ``writers`` subtasks at
+    once (each its share, as a checkpoint's subtasks write at the same time), and the mean time to make one blob
+    durable.
+
+    Each blob goes through the runtime's :class:`ChannelStateWriter` (2 input channels whose buffers are counted
+    by the writer as the runtime's input side does, 2 output channels with known record counts), ``take()``
+    lays it out, and the subtask's :class:`StateWriter` writes it under its checkpoint's prefix as a subtask does
+    straight into a ``file://`` store (the object written in place and fsynced, then its directory). With
+    ``to_disk=False`` only the channel-state writer runs.
+
+    Several subtasks run as processes of their own, as Spark runs each task of the stage in a Python worker of its
+    own: as threads of one process they would take turns at one interpreter lock, which the runtime's subtasks never
+    share. The time runs from the moment all of them are started and waiting to the last one's end.
+    """
+    per_blob = max(1, blob // len(buffers[0][0]))
+    share = total // writers
+    if writers == 1:
+        t0, t1, written, durable = _subtask_writes(directory, 0, share, per_blob, buffers, to_disk)
+        runs = [(t0, t1, written, durable)]
+    else:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")  # the caller may run threads (a SparkSession's): no fork
+        start, out = ctx.Barrier(writers, timeout=120), ctx.Queue()
+        procs = [ctx.Process(target=_subtask_process, args=((directory, k, share, per_blob, buffers, to_disk),
+                                                            start, out), daemon=True)
+                 for k in range(writers)]
+        for p in procs:
+            p.start()
+        runs = []
+        deadline = time.monotonic() + 900
+        try:
+            while len(runs) < writers:
+                try:
+                    got = out.get(timeout=1.0)
+                except queue.Empty:
+                    dead = [p for p in procs if p.exitcode not in (None, 0)]
+                    if dead:
+                        raise RuntimeError(f"a channel-state writer process exited with {dead[0].exitcode} before "
+                                           "it reported") from None
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("the channel-state writer processes did not finish within 900 s") from None
+                    continue
+                if isinstance(got, BaseException):
+                    raise RuntimeError(f"a channel-state writer process failed: {got!r}") from got
+                runs.append(got)
+        finally:
+            for p in procs:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.kill()
+    elapsed = max(r[1] for r in runs) - min(r[0] for r in runs)
+    durable = [d for r in runs for d in r[3]]
     for p in directory.glob("job-1/cp-*/subtask-*.state"):
         p.unlink()
     for p in directory.glob("job-1/cp-*"):
         p.rmdir()
-    return elapsed * total / sum(written), (statistics.mean(durable) * 1000 if durable else 0.0)
+    return elapsed * total / sum(r[2] for r in runs), (statistics.mean(durable) * 1000 if durable else 0.0)
 
 
 def disk_bench(directory: Path, s: Settings, status: Callable[[str], None] = lambda m: None) -> DiskStats:

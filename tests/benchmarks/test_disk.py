@@ -1,0 +1,24 @@
+"""The disk benchmark's channel-state writer (``overtake bench disk``): several subtasks as processes of their own,
+as Spark runs them, each writing its share through the runtime's writers. No timing is asserted."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.flip76 import Settings, channel_state_write, realistic_buffers
+
+MIB = 1 << 20
+
+
+def test_subtasks_in_processes_of_their_own_write_their_shares_and_leave_nothing_behind(tmp_path):
+    buffers = realistic_buffers(Settings(), n=4)
+    seconds, durable_ms = channel_state_write(tmp_path, 4 * MIB, 256 * 1024, buffers, writers=2)
+    assert seconds > 0 and durable_ms > 0
+    assert list((tmp_path / "job-1").iterdir()) == []  # every checkpoint's objects and directory removed
+
+
+def test_a_subtask_process_that_fails_is_reported_not_waited_for(tmp_path):
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_bytes(b"x")
+    with pytest.raises(RuntimeError, match="channel-state writer process failed"):
+        channel_state_write(not_a_directory, 2 * MIB, 256 * 1024, realistic_buffers(Settings(), n=4), writers=2)
