@@ -1,28 +1,29 @@
 """The floor of an unaligned checkpoint's ack path, without any pipeline.
 
-What every subtask does after its barrier, done by N threads at once against the same coordinator, in alternating
+What every subtask does after its barrier, done by N processes at once against the same coordinator, in alternating
 rounds of the two paths state can take:
 
 - **direct** (the default, ``OVERTAKE_STATE_WRITES=direct``): the subtask writes its operator and channel state as one
   object under the checkpoint's prefix in the blob store itself (the runtime's ``StateWriter``: durable, fsynced),
   then sends an ack naming it; the coordinator stats the object and records the ack;
 - **direct, through the host's ack relay** (the runtime's default, ``NetworkConfig.ack_relay``): the same writes,
-  and the acks go through one :class:`~spark_plugin.task.ack_relay.AckRelay` (the N threads play the subtasks of one
-  host), which sends those that wait together as one batch request;
+  and the acks go through one :class:`~spark_plugin.task.ack_relay.AckRelay` (the N processes play the subtasks of one
+  host; the relay runs in the measuring one), which sends those that wait together as one batch request;
 - **through the coordinator**: blobs and ack in one request (``acks/with-state``), the coordinator storing them.
 
 The time until all N acked is the shortest end-to-end checkpoint duration N subtasks can reach on this machine and
-coordinator, whatever the barriers do.
+coordinator, whatever the barriers do. Each subtask is a process of its own, as Spark runs each task in a Python
+worker of its own (as threads of one process they would take turns at one interpreter lock).
 """
 
 from __future__ import annotations
 
 import os
 import statistics
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from benchmarks.control import close_job, one_vertex_job
 
@@ -180,35 +181,97 @@ def _commit_totals(url: str) -> tuple[float, float]:
     return total["overtake_ack_commit_seconds_sum"], total["overtake_ack_commit_seconds_count"]
 
 
+def _subtask(url: str, token: str, job_id: int, attempt: int, i: int, relay_port: int, blob_bytes: int,
+             start: Any, conn: Any) -> None:
+    """One subtask of :func:`measure`, in a process of its own (as Spark runs each task in a Python worker of its
+    own): for each round the parent sends (round, checkpoint, write target or None, mode), it passes the round's
+    barrier with the others, writes and acks as the mode says, and answers (started, durable, ended) from the
+    system-wide monotonic clock; None ends it."""
+    from client.sync import OvertakeClient
+    from contract.models import WriteTarget
+    from spark_plugin.task.ack_relay import RelayReporter
+    from spark_plugin.task.coordination import SubtaskIdentity
+    from spark_plugin.task.state_store import StateWriter
+
+    client = OvertakeClient(url, token)
+    writer = StateWriter(f"v-{i}-a{attempt}.state")
+    reporter = RelayReporter(client, SubtaskIdentity(job_id, attempt, "v", i), token=token)
+    reporter.use_relay(("127.0.0.1", relay_port))
+    channel, operator = os.urandom(blob_bytes), os.urandom(2048)
+    head = {"attempt": attempt, "vertex": "v", "subtask_index": i}
+    try:
+        conn.send("ready")
+        while (cmd := conn.recv()) is not None:
+            r, cp, target, mode = cmd
+            tag = r.to_bytes(4, "little") + i.to_bytes(4, "little")
+            start.wait()
+            a = time.perf_counter()
+            if target is None:
+                client.ack_with_state(job_id, cp, {**head, "metrics": {"unaligned": True}},
+                                      operator_state=operator + tag, channel_state=channel + tag)
+                conn.send((a, None, time.perf_counter()))
+                continue
+            written = writer.write(WriteTarget.model_validate(target), operator + tag, channel + tag)
+            b = time.perf_counter()
+            ack = {"written": written.model_dump(mode="json"),
+                   "metrics": {"unaligned": True, "persisted_data": written.channel_size}}
+            if mode == "relay":
+                reporter.ack(cp, ack)
+            else:
+                client.ack(job_id, cp, {**head, **ack})
+            conn.send((a, b, time.perf_counter()))
+    except BaseException as exc:  # noqa: BLE001 - the parent raises it
+        conn.send(("failed", f"subtask {i}: {exc!r}"))
+        raise
+    finally:
+        reporter.close()
+        writer.close()
+        client.close()
+
+
+def _answer(conn: Any, what: str, timeout: float = 120.0) -> Any:
+    """The next answer of a subtask process, within ``timeout`` seconds; a failure it reported is raised."""
+    if not conn.poll(timeout):
+        raise TimeoutError(f"a subtask process did not answer within {timeout:.0f} s ({what})")
+    got = conn.recv()
+    if isinstance(got, tuple) and got and got[0] == "failed":
+        raise RuntimeError(f"a subtask process failed ({what}): {got[1]}")
+    return got
+
+
 def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause: float = 0.3,
             db_url: str | None = None) -> AckPathStats:
-    """``rounds`` checkpoints of each path (in turn) of a fresh job with ``subtasks`` subtasks, each subtask
-    acked by its own thread. The coordinator must hand out write targets (``OVERTAKE_STATE_WRITES=direct``).
-    ``db_url``: the coordinator's PostgreSQL database, for the floor of a commit (``commit_floor_ms``)."""
+    """``rounds`` checkpoints of each path (in turn) of a fresh job with ``subtasks`` subtasks, each subtask a
+    process of its own (:func:`_subtask`; the host's relay runs in this one). The coordinator must hand out write
+    targets (``OVERTAKE_STATE_WRITES=direct``). ``db_url``: the coordinator's PostgreSQL database, for the floor of
+    a commit (``commit_floor_ms``)."""
+    import multiprocessing
+
     from client.sync import OvertakeClient
-    from contract.models import EventType, WriteTarget
-    from spark_plugin.task.ack_relay import AckRelay, RelayReporter
-    from spark_plugin.task.coordination import SubtaskIdentity
-    from spark_plugin.task.state_store import StateWriter, _file_path
+    from contract.models import EventType
+    from spark_plugin.task.ack_relay import AckRelay
+    from spark_plugin.task.state_store import _file_path
 
     st = AckPathStats(subtasks, rounds, channel_blob_bytes)
+    ctx = multiprocessing.get_context("spawn")  # the caller may run threads (a SparkSession's): no fork
     with OvertakeClient(url) as admin:
         job, attempt = one_vertex_job(admin, "ack-path", subtasks)
         after = max((e.id for e in admin.event_history(job.id, limit=1000)), default=None)
-        clients = [OvertakeClient(url, attempt.task_token) for _ in range(subtasks)]
-        writers = [StateWriter(f"v-{i}-a{attempt.attempt}.state") for i in range(subtasks)]
-        channel = os.urandom(channel_blob_bytes)
-        operator = os.urandom(2048)
-        lock = threading.Lock()
         floor = _ControlFloor(url, db_url)
         relay = AckRelay(OvertakeClient(url, attempt.task_token), job.id, attempt.task_token)
         port = relay.start()
-        reporters = []
-        for i in range(subtasks):
-            reporters.append(RelayReporter(clients[i], SubtaskIdentity(job.id, attempt.attempt, "v", i),
-                                           token=attempt.task_token))
-            reporters[i].use_relay(("127.0.0.1", port))
+        start = ctx.Barrier(subtasks + 1, timeout=120)
+        pipes = [ctx.Pipe() for _ in range(subtasks)]
+        procs = [ctx.Process(target=_subtask, daemon=True,
+                             args=(url, attempt.task_token, job.id, attempt.attempt, i, port, channel_blob_bytes,
+                                   start, pipes[i][1]))
+                 for i in range(subtasks)]
+        conns = [p[0] for p in pipes]
         try:
+            for p in procs:
+                p.start()
+            for c in conns:
+                _answer(c, "starting")
             for r in range(3 * rounds):
                 cp = admin.trigger_checkpoint(job.id).id
                 mode = ("direct", "relay", "coordinator")[r % 3]
@@ -220,51 +283,27 @@ def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause
                     if target is None:
                         raise RuntimeError(f"checkpoint {cp} has no write target: run the coordinator with "
                                            "OVERTAKE_STATE_WRITES=direct")
-                    target = WriteTarget.model_validate(target)
-
-                durable: list[float] = []  # when each subtask's state was durable
-
-                def one(i: int, cp: int = cp, r: int = r, target=target, mode: str = mode, durable=durable) -> None:
-                    c = clients[i]
-                    tag = r.to_bytes(4, "little") + i.to_bytes(4, "little")
-                    head = {"attempt": attempt.attempt, "vertex": "v", "subtask_index": i}
-                    if target is None:
-                        c.ack_with_state(job.id, cp, {**head, "metrics": {"unaligned": True}},
-                                         operator_state=operator + tag, channel_state=channel + tag)
-                        return
-                    a = time.perf_counter()
-                    written = writers[i].write(target, operator + tag, channel + tag)
-                    b = time.perf_counter()
-                    with lock:
-                        durable.append(b)
-                    ack = {"written": written.model_dump(mode="json"),
-                           "metrics": {"unaligned": True, "persisted_data": written.channel_size}}
-                    if mode == "relay":
-                        reporters[i].ack(cp, ack)
-                    else:
-                        c.ack(job.id, cp, {**head, **ack})
-                    e = time.perf_counter()
-                    with lock:
-                        st.write_ms.append((b - a) * 1000)
-                        (st.relay_ack_ms if mode == "relay" else st.ack_ms).append((e - b) * 1000)
-
-                if mode == "relay" and target is not None and target.url.startswith("file://"):
-                    st.disk_floor_ms.append(_one_file(_file_path(target.url), os.urandom(subtasks * (len(channel) + len(operator) + 8))))
+                if mode == "relay" and target is not None and target["url"].startswith("file://"):
+                    size = subtasks * (channel_blob_bytes + 2048 + 8)
+                    st.disk_floor_ms.append(_one_file(_file_path(target["url"]), os.urandom(size)))
                     commit = floor.commit_ms()
                     if commit is not None:
                         st.commit_floor_ms.append(commit)
                     st.request_floor_ms.append(floor.request_ms())
                     time.sleep(pause)
                 commits_before, requests_before = _commit_totals(url), (relay.request_seconds, relay.requests)
+                for c in conns:
+                    c.send((r, cp, target, mode))
+                start.wait()
                 t0 = time.perf_counter()
-                threads = [threading.Thread(target=one, args=(i,)) for i in range(subtasks)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-                end = time.perf_counter()
+                answers = [_answer(c, f"checkpoint {cp}, {mode}") for c in conns]
+                end = max(e for _, _, e in answers)
                 took = (end - t0) * 1000
-                if durable and mode != "coordinator":
+                durable = [b for _, b, _ in answers if b is not None]
+                if mode != "coordinator":
+                    for a, b, e in answers:
+                        st.write_ms.append((b - a) * 1000)
+                        (st.relay_ack_ms if mode == "relay" else st.ack_ms).append((e - b) * 1000)
                     control = st.relay_control_ms if mode == "relay" else st.direct_control_ms
                     control.append((end - max(durable)) * 1000)
                 {"direct": st.direct_ms, "relay": st.relay_ms, "coordinator": st.all_acked_ms}[mode].append(took)
@@ -276,15 +315,21 @@ def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause
                     sent = relay.requests - requests_before[1]
                     if sent:
                         st.relay_request_ms.append((relay.request_seconds - requests_before[0]) / sent * 1000)
-                    if durable:
-                        st.relay_write_span_ms.append((max(durable) - t0) * 1000)
+                    st.relay_write_span_ms.append((max(durable) - t0) * 1000)
                 time.sleep(pause)
         finally:
             st.relay_requests = relay.requests
-            for rep in reporters:
-                rep.close()
+            for c in conns:
+                try:
+                    c.send(None)
+                except OSError:
+                    pass
+            for p in procs:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.kill()
             relay.close()
             relay.client.close()
             floor.close()
-            close_job(admin, job, attempt, clients)
+            close_job(admin, job, attempt, [])
     return st
