@@ -363,7 +363,9 @@ def markdown(r: BenchResults) -> str:
         d = r.disk
         out.append("## 4. Channel-state write bandwidth\n")
         out.append(f"Same directory (`{Path(d.directory).name}` in the results folder), measurements alternated. "
-                   f"Raw: one file written sequentially in 4 MiB writes, then fsync. Channel state: the runtime's "
+                   f"Raw: one file written sequentially in 4 MiB writes, then fsync; the best of "
+                   f"{len(d.raw_mib_s)} ({', '.join(f'{x:,.0f}' for x in d.raw_mib_s)} MiB/s). Channel state (the mean "
+                   f"of as many, alternated with them): {d.writers} subtasks at once, each a process of its own, each the runtime's "
                    f"`ChannelStateWriter` fed real {d.buffer_bytes:,} B buffers of the benchmark's records over 2 "
                    f"input and 2 output channels, one blob of {nbytes(d.blob_bytes)} (a subtask's in-flight "
                    f"capacity with the default sizing) per checkpoint, each written to its own file under its "

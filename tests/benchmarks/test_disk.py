@@ -22,3 +22,11 @@ def test_a_subtask_process_that_fails_is_reported_not_waited_for(tmp_path):
     not_a_directory.write_bytes(b"x")
     with pytest.raises(RuntimeError, match="channel-state writer process failed"):
         channel_state_write(not_a_directory, 2 * MIB, 256 * 1024, realistic_buffers(Settings(), n=4), writers=2)
+
+
+def test_the_ratio_reads_the_best_raw_repeat_so_a_slowed_repeat_does_not_flatter_it():
+    from benchmarks.flip76 import DiskStats
+
+    d = DiskStats("disk", 512 * MIB, MIB, 32 << 10, raw_mib_s=[316.0, 795.0, 540.0], channel_state_mib_s=[781.0])
+    assert d.raw == 795.0
+    assert d.ratio == 781.0 / 795.0
