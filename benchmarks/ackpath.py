@@ -187,6 +187,7 @@ def _subtask(url: str, token: str, job_id: int, attempt: int, i: int, relay_port
     own): for each round the parent sends (round, checkpoint, write target or None, mode), it passes the round's
     barrier with the others, writes and acks as the mode says, and answers (started, durable, ended) from the
     system-wide monotonic clock; None ends it."""
+    from benchmarks import processes
     from client.sync import OvertakeClient
     from contract.models import WriteTarget
     from spark_plugin.task.ack_relay import RelayReporter
@@ -220,23 +221,13 @@ def _subtask(url: str, token: str, job_id: int, attempt: int, i: int, relay_port
             else:
                 client.ack(job_id, cp, {**head, **ack})
             conn.send((a, b, time.perf_counter()))
-    except BaseException as exc:  # noqa: BLE001 - the parent raises it
-        conn.send(("failed", f"subtask {i}: {exc!r}"))
+    except BaseException as exc:  # noqa: BLE001 - the measuring process raises it
+        processes.failed(conn, f"subtask {i}", exc)
         raise
     finally:
         reporter.close()
         writer.close()
         client.close()
-
-
-def _answer(conn: Any, what: str, timeout: float = 120.0) -> Any:
-    """The next answer of a subtask process, within ``timeout`` seconds; a failure it reported is raised."""
-    if not conn.poll(timeout):
-        raise TimeoutError(f"a subtask process did not answer within {timeout:.0f} s ({what})")
-    got = conn.recv()
-    if isinstance(got, tuple) and got and got[0] == "failed":
-        raise RuntimeError(f"a subtask process failed ({what}): {got[1]}")
-    return got
 
 
 def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause: float = 0.3,
@@ -245,15 +236,14 @@ def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause
     process of its own (:func:`_subtask`; the host's relay runs in this one). The coordinator must hand out write
     targets (``OVERTAKE_STATE_WRITES=direct``). ``db_url``: the coordinator's PostgreSQL database, for the floor of
     a commit (``commit_floor_ms``)."""
-    import multiprocessing
-
+    from benchmarks import processes
     from client.sync import OvertakeClient
     from contract.models import EventType
     from spark_plugin.task.ack_relay import AckRelay
     from spark_plugin.task.state_store import _file_path
 
     st = AckPathStats(subtasks, rounds, channel_blob_bytes)
-    ctx = multiprocessing.get_context("spawn")  # the caller may run threads (a SparkSession's): no fork
+    ctx = processes.context()
     with OvertakeClient(url) as admin:
         job, attempt = one_vertex_job(admin, "ack-path", subtasks)
         after = max((e.id for e in admin.event_history(job.id, limit=1000)), default=None)
@@ -261,17 +251,11 @@ def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause
         relay = AckRelay(OvertakeClient(url, attempt.task_token), job.id, attempt.task_token)
         port = relay.start()
         start = ctx.Barrier(subtasks + 1, timeout=120)
-        pipes = [ctx.Pipe() for _ in range(subtasks)]
-        procs = [ctx.Process(target=_subtask, daemon=True,
-                             args=(url, attempt.task_token, job.id, attempt.attempt, i, port, channel_blob_bytes,
-                                   start, pipes[i][1]))
-                 for i in range(subtasks)]
-        conns = [p[0] for p in pipes]
+        procs, conns = processes.start(ctx, _subtask, [(url, attempt.task_token, job.id, attempt.attempt, i, port,
+                                                        channel_blob_bytes, start) for i in range(subtasks)])
         try:
-            for p in procs:
-                p.start()
             for c in conns:
-                _answer(c, "starting")
+                processes.answer(c, "subtask (starting)")
             for r in range(3 * rounds):
                 cp = admin.trigger_checkpoint(job.id).id
                 mode = ("direct", "relay", "coordinator")[r % 3]
@@ -296,7 +280,7 @@ def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause
                     c.send((r, cp, target, mode))
                 start.wait()
                 t0 = time.perf_counter()
-                answers = [_answer(c, f"checkpoint {cp}, {mode}") for c in conns]
+                answers = [processes.answer(c, f"subtask (checkpoint {cp}, {mode})") for c in conns]
                 end = max(e for _, _, e in answers)
                 took = (end - t0) * 1000
                 durable = [b for _, b, _ in answers if b is not None]
@@ -324,10 +308,7 @@ def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause
                     c.send(None)
                 except OSError:
                     pass
-            for p in procs:
-                p.join(timeout=30)
-                if p.is_alive():
-                    p.kill()
+            processes.stop(procs)
             relay.close()
             relay.client.close()
             floor.close()

@@ -7,7 +7,6 @@ Scenario 5 (coordinator ack throughput) lives in :mod:`benchmarks.acks`; the rep
 from __future__ import annotations
 
 import os
-import queue
 import re
 import statistics
 import threading
@@ -477,11 +476,13 @@ def _subtask_writes(directory: Path, k: int, share: int, per_blob: int, buffers:
     return t0, time.perf_counter(), written, durable
 
 
-def _subtask_process(args: tuple, start: Any, out: Any) -> None:
+def _subtask_process(args: tuple, start: Any, conn: Any) -> None:
+    from benchmarks import processes
+
     try:
-        out.put(_subtask_writes(*args, start=start))
-    except BaseException as exc:  # noqa: BLE001 - the parent raises it
-        out.put(exc)
+        conn.send(_subtask_writes(*args, start=start))
+    except BaseException as exc:  # noqa: BLE001 - the measuring process raises it
+        processes.failed(conn, f"writer {args[1]}", exc)
         raise
 
 
@@ -497,9 +498,8 @@ def channel_state_write(directory: Path, total: int, blob: int, buffers: list[tu
     straight into a ``file://`` store (the object written in place and fsynced, then its directory). With
     ``to_disk=False`` only the channel-state writer runs.
 
-    Several subtasks run as processes of their own, as Spark runs each task of the stage in a Python worker of its
-    own: as threads of one process they would take turns at one interpreter lock, which the runtime's subtasks never
-    share. The time runs from the moment all of them are started and waiting to the last one's end.
+    Several subtasks run as processes of their own (``benchmarks.processes``); the time runs from the moment all of
+    them are started and waiting to the last one's end.
     """
     per_blob = max(1, blob // len(buffers[0][0]))
     share = total // writers
@@ -507,37 +507,16 @@ def channel_state_write(directory: Path, total: int, blob: int, buffers: list[tu
         t0, t1, written, durable = _subtask_writes(directory, 0, share, per_blob, buffers, to_disk)
         runs = [(t0, t1, written, durable)]
     else:
-        import multiprocessing
+        from benchmarks import processes
 
-        ctx = multiprocessing.get_context("spawn")  # the caller may run threads (a SparkSession's): no fork
-        start, out = ctx.Barrier(writers, timeout=120), ctx.Queue()
-        procs = [ctx.Process(target=_subtask_process, args=((directory, k, share, per_blob, buffers, to_disk),
-                                                            start, out), daemon=True)
-                 for k in range(writers)]
-        for p in procs:
-            p.start()
-        runs = []
-        deadline = time.monotonic() + 900
+        ctx = processes.context()
+        start = ctx.Barrier(writers, timeout=120)
+        procs, conns = processes.start(ctx, _subtask_process, [((directory, k, share, per_blob, buffers, to_disk),
+                                                                  start) for k in range(writers)])
         try:
-            while len(runs) < writers:
-                try:
-                    got = out.get(timeout=1.0)
-                except queue.Empty:
-                    dead = [p for p in procs if p.exitcode not in (None, 0)]
-                    if dead:
-                        raise RuntimeError(f"a channel-state writer process exited with {dead[0].exitcode} before "
-                                           "it reported") from None
-                    if time.monotonic() > deadline:
-                        raise TimeoutError("the channel-state writer processes did not finish within 900 s") from None
-                    continue
-                if isinstance(got, BaseException):
-                    raise RuntimeError(f"a channel-state writer process failed: {got!r}") from got
-                runs.append(got)
+            runs = [processes.answer(c, "channel-state writer", timeout=900) for c in conns]
         finally:
-            for p in procs:
-                p.join(timeout=30)
-                if p.is_alive():
-                    p.kill()
+            processes.stop(procs)
     elapsed = max(r[1] for r in runs) - min(r[0] for r in runs)
     durable = [d for r in runs for d in r[3]]
     for p in directory.glob("job-1/cp-*/subtask-*.state"):

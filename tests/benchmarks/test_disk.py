@@ -30,3 +30,17 @@ def test_the_ratio_reads_the_best_raw_repeat_so_a_slowed_repeat_does_not_flatter
     d = DiskStats("disk", 512 * MIB, MIB, 32 << 10, raw_mib_s=[316.0, 795.0, 540.0], channel_state_mib_s=[781.0])
     assert d.raw == 795.0
     assert d.ratio == 781.0 / 795.0
+
+
+def test_a_process_that_ends_without_answering_is_reported_when_it_ends_not_after_the_timeout():
+    from benchmarks import processes
+
+    ctx = processes.context()
+    procs, conns = processes.start(ctx, print, [("a process that prints and ends",)])
+    try:
+        # seen when its pipe ends; were this side's copy of the process's end still open, the wait would run out
+        # instead (TimeoutError)
+        with pytest.raises(RuntimeError, match="a test process exited before it answered"):
+            processes.answer(conns[0], "test", timeout=60)
+    finally:
+        processes.stop(procs)
