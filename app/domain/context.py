@@ -29,6 +29,7 @@ class LiveBackpressure(Protocol):
     def max_backpressure(self, job_id: int, attempt: int, now: int) -> float | None: ...
 
 log = logging.getLogger(__name__)
+CLEANUP_DELAY = 0.05  # seconds between a commit and the deferred cleaning of what it released
 
 
 def now_ms() -> int:
@@ -75,11 +76,18 @@ class Context:
             fn()
         if released:
             if defer_cleanup:
-                task = asyncio.create_task(self.cleaner.clean_all(released, now_ms()), name="overtake-cleanup")
+                task = asyncio.create_task(self._clean_later(released), name="overtake-cleanup")
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
             else:
                 await self.cleaner.clean_all(released, now_ms())
+
+    async def _clean_later(self, released: list[tuple[int, int]]) -> None:
+        """A deferred cleaning starts `CLEANUP_DELAY` after its commit. Started at once, its first step (a session
+        and a statement built) would run on the event loop between the commit and the requests that wait for it:
+        the committed acks' answers would wait for it."""
+        await asyncio.sleep(CLEANUP_DELAY)
+        await self.cleaner.clean_all(released, now_ms())
 
     async def write_target(self, job_id: int, checkpoint_id: int, timeout_at: int) -> WriteTarget | None:
         """Where the subtasks write a checkpoint's state themselves, scoped to its prefix until its timeout; None
