@@ -334,6 +334,39 @@ def _changes(obj: object) -> dict[str, object]:
 
 _CP_COLUMN_OF = {key: name for key, name, _ in _CP_COLUMNS}
 _JOB_COLUMN_OF = {a.key: a.columns[0].name for a in sa_inspect(JobRow).column_attrs}
+_COMPLETING_STATEMENTS: dict[tuple, object] = {}
+
+
+def _completing_statement(unreferenced: bool, cp_keys: tuple[str, ...], job_keys: tuple[str, ...],
+                          event_keys: tuple[str, ...]):
+    """`_complete_with_retention`'s statement for the columns it writes, built once per set of them (a few: what
+    completing changes) with every value a bound parameter (`c_cp_<attribute>`, `c_job_<attribute>`,
+    `c_event_<column>`; the ids are retention's `r_job` and `r_completing`): building the statement and its cache key
+    anew cost more of the completing transaction than PostgreSQL's time for it."""
+    shape = (unreferenced, cp_keys, job_keys, event_keys)
+    statement = _COMPLETING_STATEMENTS.get(shape)
+    if statement is not None:
+        return statement
+
+    def bind(table, prefix: str, key: str, column: str):
+        return bindparam(f"{prefix}{key}", type_=table.c[column].type)
+
+    statement = (_COMPLETING_DISCARD_AND_RELEASE if unreferenced else _COMPLETING_DISCARD).add_cte(
+        update(_CPS)
+        .where(_CPS.c.job_id == _R_JOB, _CPS.c.id == _R_COMPLETING)
+        .values({_CP_COLUMN_OF[k]: bind(_CPS, "c_cp_", k, _CP_COLUMN_OF[k]) for k in cp_keys})
+        .cte("completed")
+    ).add_cte(
+        insert(_EVENTS).values({k: bind(_EVENTS, "c_event_", k, k) for k in event_keys}).cte("completed_event")
+    ).add_cte(
+        update(_JOBS)
+        .where(_JOBS.c.id == _R_JOB)
+        .values({_JOB_COLUMN_OF[k]: bind(_JOBS, "c_job_", k, _JOB_COLUMN_OF[k]) for k in job_keys})
+        .cte("completed_job")
+    )
+    if len(_COMPLETING_STATEMENTS) < 256:
+        _COMPLETING_STATEMENTS[shape] = statement
+    return statement
 
 
 async def _complete_with_retention(
@@ -347,18 +380,11 @@ async def _complete_with_retention(
     event, event_row = numbered(s, job, completed, now)
     job.event_seq = event.id
     cp_changes, job_changes = _changes(cp), _changes(job)
+    statement = _completing_statement(unreferenced, tuple(cp_changes), tuple(job_changes), tuple(event_row))
     params = {**_retention_params(job, now_ms()), "r_completing": cp.id}
-    statement = (_COMPLETING_DISCARD_AND_RELEASE if unreferenced else _COMPLETING_DISCARD).add_cte(
-        update(_CPS)
-        .where(_CPS.c.job_id == job.id, _CPS.c.id == cp.id)
-        .values({_CP_COLUMN_OF[k]: v for k, v in cp_changes.items()})
-        .cte("completed")
-    ).add_cte(
-        insert(_EVENTS).values(event_row).cte("completed_event")
-    ).add_cte(
-        update(_JOBS).where(_JOBS.c.id == job.id).values({_JOB_COLUMN_OF[k]: v for k, v in job_changes.items()})
-        .cte("completed_job")
-    )
+    params.update({f"c_cp_{k}": v for k, v in cp_changes.items()})
+    params.update({f"c_job_{k}": v for k, v in job_changes.items()})
+    params.update({f"c_event_{k}": v for k, v in event_row.items()})
     conn = await s.connection()  # not the session's execute: its autoflush would write the rows on their own
     drop = sorted((await conn.execute(statement, params)).scalars(), reverse=True)
     for obj, changes in ((cp, cp_changes), (job, job_changes)):
@@ -383,6 +409,7 @@ OLDER_PENDING = (
 (those its completion subsumes)."""
 
 _R_JOB = bindparam("r_job", type_=_CPS.c.job_id.type)
+_R_COMPLETING = bindparam("r_completing", type_=BigInteger)
 _BLOBS = BlobRow.__table__
 
 
@@ -395,7 +422,7 @@ def _retention_statements(completing: bool) -> tuple:
     that checkpoint as completed."""
     done = _CPS.c.status == COMPLETED
     if completing:
-        done = done | (_CPS.c.id == bindparam("r_completing", type_=BigInteger))
+        done = done | (_CPS.c.id == _R_COMPLETING)
     newest_first_beyond_retained = (
         select(_CPS.c.id)
         .where(_CPS.c.job_id == _R_JOB, done, _CPS.c.is_savepoint.is_(False), _CPS.c.discarded.is_(False))
