@@ -376,6 +376,47 @@ async def test_retention_deletes_by_prefix_but_never_a_savepoint_or_the_latest(s
     assert len(await under(api, checkpoint_prefix(job["id"], latest))) == 4
 
 
+async def test_a_completing_acks_answer_comes_before_the_cleaning_of_what_its_commit_released(store_api, monkeypatch):
+    """The ack that completes a checkpoint releases the checkpoints retention discards; their prefixes are cleaned
+    in the background `CLEANUP_DELAY` after the commit, so the answers waiting for that commit go out first (a
+    cleaning started at once ran its first step between the commit and the answers). It cleans without the sweep."""
+    from app.domain import context
+
+    api = store_api
+    started: list[list[tuple[int, int]]] = []
+    clean_all = api.ctx.cleaner.clean_all
+
+    async def recording(checkpoints, now):
+        started.append(list(checkpoints))
+        await clean_all(checkpoints, now)
+
+    async def no_sweep(now, limit=200):  # only the deferred cleaning cleans in this test
+        return 0
+
+    monkeypatch.setattr(api.ctx.cleaner, "clean_all", recording)
+    monkeypatch.setattr(api.ctx.cleaner, "sweep", no_sweep)
+    monkeypatch.setattr(context, "CLEANUP_DELAY", 3600.0)
+    job = await api.job(retained=1)
+    first, _ = await complete_written(api, job, "one")
+    second, _ = await complete_written(api, job, "two")  # the transaction of its last ack discards the first
+    for _ in range(20):
+        await asyncio.sleep(0)  # the event loop turns on after the answers
+    assert started == []
+    assert (await api.checkpoint(job["id"], first))["discarded"] is True
+    assert await under(api, checkpoint_prefix(job["id"], first))
+    (waiting,) = [t for t in api.ctx._background if t.get_name() == "overtake-cleanup"]
+    waiting.cancel()
+
+    monkeypatch.setattr(context, "CLEANUP_DELAY", 0.01)
+    await complete_written(api, job, "three")  # discards the second
+
+    async def second_gone():
+        return not await under(api, checkpoint_prefix(job["id"], second))
+
+    await api.wait_for(second_gone, what="the second checkpoint's prefix cleaned by the deferred cleaning")
+    assert started == [[(job["id"], second)]]
+
+
 async def _timeout_at(api, job_id: int, cp_id: int) -> int:
     async with api.ctx.tx(readonly=True) as s:
         return (await s.get(CheckpointRow, (job_id, cp_id))).timeout_at
