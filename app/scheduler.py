@@ -24,6 +24,7 @@ from app.errors import DomainError
 from app.events import emit, trim_log
 from app.observability import SCHEDULER_FAILURES
 from contract.events import SwitchToUnaligned
+from contract.models import EventType
 
 log = logging.getLogger(__name__)
 FAR = 2**62
@@ -37,31 +38,67 @@ class Scheduler(BackgroundWorker):
         self.tick = ctx.settings.scheduler_tick
         self.max_idle = 1.0
         self._wake = asyncio.Event()
+        self._sooner = FAR  # the earliest deadline a trigger event brought since the last pass began
+        self._rearm = asyncio.Event()
         self._next_sweep = 0.0
-        ctx.bus.add_listener(lambda _event: self._wake.set())
+        self.passes = 0
+        """Passes run so far (for tests)."""
+        ctx.bus.add_listener(self._heard)
+
+    def _heard(self, event) -> None:
+        """An event from this or another replica. A checkpoint's trigger says when that checkpoint can next need
+        the scheduler (its alignment timeout's switch, its timeout): the scheduler sleeps until then at most, and
+        runs no pass for it now. A pass right after every trigger would read the database while the checkpoint's
+        subtasks ack it, the busiest moment of a fast checkpoint. Any other event wakes a pass."""
+        due = _trigger_deadline(event)
+        if due is None:
+            self._wake.set()
+        else:
+            self._sooner = min(self._sooner, due)
+            self._rearm.set()
 
     async def _run(self) -> None:
         while True:
             next_due = now_ms() + self.max_idle * 1000
             self._wake.clear()
+            self._sooner = FAR  # a trigger heard from here on is either seen by this pass or kept for the next
             try:
                 next_due = await self.run_once()
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - keep scheduling
                 log.exception("scheduler pass failed")
-            delay = min(self.max_idle, max(self.tick, (next_due - now_ms()) / 1000))
-            # asyncio.wait, not wait_for: wait_for can swallow a cancellation that races a wake-up (Python < 3.12).
-            waiter = asyncio.ensure_future(self._wake.wait())
-            try:
-                done, _ = await asyncio.wait({waiter}, timeout=delay)
-            finally:
-                waiter.cancel()
-            if done:
+            if await self._sleep(next_due):
                 await asyncio.sleep(self.tick)  # let a burst of events settle into one pass
+
+    async def _sleep(self, next_due: int) -> bool:
+        """Until the next deadline (the pass's, or a trigger's heard since) falls due, at least `tick` and at most
+        `max_idle` seconds after the pass; True when an event woke the scheduler before then."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        while True:
+            self._rearm.clear()
+            due_in = (min(next_due, self._sooner) - now_ms()) / 1000
+            elapsed = loop.time() - began
+            delay = min(self.max_idle, max(self.tick, elapsed + due_in)) - elapsed
+            if delay <= 0:
+                return False
+            # asyncio.wait, not wait_for: wait_for can swallow a cancellation that races a wake-up (Python < 3.12).
+            woken = asyncio.ensure_future(self._wake.wait())
+            rearmed = asyncio.ensure_future(self._rearm.wait())
+            try:
+                done, _ = await asyncio.wait({woken, rearmed}, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                woken.cancel()
+                rearmed.cancel()
+            if woken in done:
+                return True
+            if not done:
+                return False
 
     async def run_once(self) -> int:
         """One pass; returns when (ms since the epoch) the next known deadline falls due."""
+        self.passes += 1
         now = now_ms()
         next_due = min(await self._expire_and_switch(now), await self._periodic_triggers(now))
         if time.monotonic() >= self._next_sweep:
@@ -199,3 +236,20 @@ def _due(last_trigger_at: int | None, periodic_from: int | None, interval: int) 
     start), and not before its subtasks all run (or their grace period is over)."""
     due = (last_trigger_at or 0) + interval
     return max(due, periodic_from) if periodic_from is not None else due
+
+
+def _trigger_deadline(event) -> int | None:
+    """When the checkpoint a trigger event issued can next need the scheduler: its switch to unaligned (the trigger
+    plus its alignment timeout, as `trigger` sets `switch_at`) or its timeout, whichever comes first. None for any
+    other event, or a trigger that does not say."""
+    if getattr(event, "type", None) != EventType.checkpoint_triggered:
+        return None
+    data = event.data
+    timeout_at, at, alignment_timeout = data.get("timeout_at"), data.get("trigger_timestamp"), data.get("alignment_timeout")
+    if not isinstance(timeout_at, int) or not isinstance(at, int):
+        return None
+    if alignment_timeout:
+        if not isinstance(alignment_timeout, int):
+            return None
+        return min(timeout_at, at + alignment_timeout)
+    return timeout_at

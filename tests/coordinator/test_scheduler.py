@@ -139,3 +139,39 @@ async def test_a_periodic_trigger_reads_the_jobs_pending_checkpoints_once(make_a
         assert (await api.checkpoint(job["id"], 1))["status"] == "PENDING"
         pending_reads = [st for st in statements if st.startswith("SELECT CHECKPOINTS.ID FROM CHECKPOINTS")]
         assert len(pending_reads) == 1, pending_reads
+
+
+async def test_a_trigger_runs_no_pass_and_the_scheduler_still_acts_at_its_checkpoints_deadlines(make_api):
+    """A pass right after every trigger would read the database while the checkpoint's subtasks ack it. The
+    trigger's event says when its checkpoint can next need the scheduler (its switch to unaligned, its timeout):
+    nothing runs before then, and the switch and the timeout still come on time, with the idle pass a long way
+    off (`max_idle` raised, so only the trigger's deadlines can bring them)."""
+    async with make_api() as api:
+        scheduler = api.app.state.scheduler
+        scheduler.max_idle = 60.0
+        quiet = await api.job(policy="unaligned", timeout=600_000)
+        switching = await api.job(policy="aligned_then_unaligned", alignment_timeout=300, timeout=600_000)
+        expiring = await api.job(policy="unaligned", timeout=400, tolerable_failures=100)
+        await asyncio.sleep(0.3)  # the passes the jobs' events asked for
+
+        passes = scheduler.passes
+        assert (await api.trigger(quiet["id"])).status_code == 201
+        await asyncio.sleep(0.3)  # fifteen ticks
+        assert scheduler.passes == passes  # the trigger ran none
+
+        cp = (await api.trigger(switching["id"])).json()
+
+        async def switched():
+            return [e for e in await api.events(switching["id"]) if e["type"] == "checkpoint.switch_to_unaligned"]
+
+        await api.wait_for(switched, timeout=20, what="the switch at the alignment timeout")
+        detail = await api.checkpoint(switching["id"], cp["id"])
+        assert detail["switched_to_unaligned_timestamp"] >= cp["trigger_timestamp"] + 300
+
+        cp = (await api.trigger(expiring["id"])).json()
+
+        async def expired():
+            return (await api.checkpoint(expiring["id"], cp["id"]))["status"] == "ABORTED"
+
+        await api.wait_for(expired, timeout=20, what="the checkpoint's timeout")
+        assert (await api.checkpoint(quiet["id"], 1))["status"] == "PENDING"
