@@ -141,6 +141,9 @@ class Scheduler(BackgroundWorker):
             cp = await s.get(CheckpointRow, (job_id, cp_id))
             if cp is None or cp.status != PENDING:
                 return
+            # Stamped when it happens, not when this pass began: acks recorded meanwhile (the pass's other work, on
+            # every job, came first) are counted by the abort, so its timestamp must not precede theirs.
+            now = max(now, now_ms())
             if cp.timeout_at <= now:
                 await abort_checkpoint(
                     s,

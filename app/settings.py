@@ -188,11 +188,12 @@ class Settings(BaseSettings):
 
 
 def make_url_safe(url: str) -> str:
-    """The URL without a password (user@host stays), lower-cased scheme and host: the same database, the same text."""
+    """The URL without a password (user@host stays), lower-cased scheme and host: the same database, the same text.
+    The user and the path (the database's name) keep their case: PostgreSQL tells them apart by it."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
-    creds, at, host = rest.rpartition("@")
-    if at:
-        rest = f"{creds.split(':', 1)[0]}@{host}"
-    return f"{scheme.lower()}://{rest}"
+    creds, at, location = rest.rpartition("@")  # the last @: a password may hold any character
+    user = f"{creds.split(':', 1)[0]}@" if at else ""
+    host, slash, path = location.partition("/")
+    return f"{scheme.lower()}://{user}{host.lower()}{slash}{path}"

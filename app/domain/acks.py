@@ -59,6 +59,12 @@ _CHECKPOINT_FACTS = select(
     _CHECKPOINTS.c.num_subtasks,
     _CHECKPOINTS.c.num_acked,
 ).where(_THIS_CP)
+# The job row's lock with the checkpoint's facts, in one round trip. The checkpoint's row is locked too (after the
+# job's: one lock order): a row read without its lock is read as of the statement's start, so after a wait for the
+# job row's lock it would still show a checkpoint pending that the transaction holding the lock aborted (a
+# replica's scheduler expiring it, a newer checkpoint subsuming it, a new attempt), and an ack would be recorded
+# into an aborted checkpoint. A locked row is read as that transaction left it. No row: the checkpoint (or the
+# job) does not exist, and `_LOCK_JOB` takes the lock alone.
 _LOCK_JOB_WITH_CP = (
     select(
         _JOBS.c.current_attempt,
@@ -69,9 +75,9 @@ _LOCK_JOB_WITH_CP = (
         _CHECKPOINTS.c.num_subtasks,
         _CHECKPOINTS.c.num_acked,
     )
-    .select_from(_JOBS.outerjoin(_CHECKPOINTS, (_CHECKPOINTS.c.job_id == _JOBS.c.id) & (_CHECKPOINTS.c.id == _CP)))
+    .select_from(_JOBS.join(_CHECKPOINTS, (_CHECKPOINTS.c.job_id == _JOBS.c.id) & (_CHECKPOINTS.c.id == _CP)))
     .where(_JOBS.c.id == _JOB)
-    .with_for_update(of=_JOBS)
+    .with_for_update(of=[_JOBS, _CHECKPOINTS])
 )
 _NUM_ACKED = select(_CHECKPOINTS.c.num_acked).where(_THIS_CP)
 # The job and checkpoint rows a completing ack loads (the checkpoint's reloaded: `_ADD_ACKS` changed it), with whether
@@ -261,12 +267,14 @@ class AckCommitter(BackgroundWorker):
                     locked = (job.current_attempt, job.status)
                     facts = (cp.status, cp.attempt, cp.failure_reason, cp.num_subtasks, cp.num_acked)
             if locked is None and len(cp_ids) == 1:
-                # the usual case: the lock and the checkpoint's state in one round trip
+                # the usual case: the locks and the checkpoint's state in one round trip
                 (cp_id,) = cp_ids
                 row = (await conn.execute(_LOCK_JOB_WITH_CP, {"b_job": job_id, "b_cp": cp_id})).one_or_none()
-                locked = row[:2] if row is not None else None
-                facts = tuple(row[2:]) if row is not None and row[2] is not None else None
-            elif locked is None:
+                if row is not None:
+                    locked, facts = tuple(row[:2]), tuple(row[2:])
+            if locked is None:
+                # several checkpoints, or one that does not exist: the job row's lock alone; each checkpoint's facts
+                # are read after it
                 locked = (await conn.execute(_LOCK_JOB, {"b_job": job_id})).one_or_none()
             if locked is None:
                 for it in items:
@@ -321,8 +329,9 @@ class AckCommitter(BackgroundWorker):
         facts_read: tuple | None = None,
         preloaded: tuple | None = None,
     ) -> None:
-        """`facts_read`: the checkpoint's facts read with the job row lock; `preloaded`: the rows completing needs,
-        read with the locks (`_LOCK_COMPLETING`), when the batch was expected to complete the checkpoint."""
+        """`facts_read`: the checkpoint's facts read with the job and checkpoint row locks; `preloaded`: the rows
+        completing needs, read with the locks (`_LOCK_COMPLETING`), when the batch was expected to complete the
+        checkpoint."""
         conn = await s.connection()
         cp = facts_read
         if cp is None:
@@ -334,8 +343,7 @@ class AckCommitter(BackgroundWorker):
                 for it in items:
                     it.result = exc
             return
-        # `acked_before`: as of the lock statement's start; another replica's batch that committed while this one
-        # waited for the lock is not in it
+        # `acked_before`, like the status: read with the locks, so as the transaction that held them before left them
         status, attempt, failure_reason, num_subtasks, acked_before = cp
         facts = _Facts(job_id, cp_id, attempt, status, failure_reason)
         blob_ids = {
@@ -453,7 +461,7 @@ class AckCommitter(BackgroundWorker):
                 num_acked = completing[1].num_acked
             else:
                 num_acked = (await conn.execute(_ADD_ACKS, params)).scalar_one()
-                if num_acked == num_subtasks:  # acks another replica committed while this batch waited for the lock
+                if num_acked == num_subtasks:  # a guard: the count read with the locks counts every committed ack
                     completing = (await s.execute(_COMPLETING, {"b_job": job_id, "b_cp": cp_id})).one()
             if completing is not None and num_acked == num_subtasks:
                 job, cp_row, older_pending, referenced = completing

@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import random
 
-from sqlalchemy import func, select
+import pytest
+from sqlalchemy import func, select, text
 
-from app.db.models import AckRow
+from app.db.models import AckRow, CheckpointRow
+from app.domain.context import lock_job, now_ms
+from app.domain.lifecycle import AbortReason, abort_checkpoint
 
 
 async def test_concurrent_duplicate_and_conflicting_acks_are_counted_once(api):
@@ -168,3 +171,33 @@ async def test_a_batch_expected_to_complete_reads_the_rows_to_complete_with_its_
     r = await api.client.post(url.format(cp=3), json={"acks": [ack(0, 1), ack(2, 1)]})
     assert [i["result"]["status"] for i in r.json()["items"]] == ["PENDING"] * 2
     assert (await api.ack(job["id"], 3, "src", 1)).json()["status"] == "COMPLETED"
+
+
+@pytest.mark.postgres
+async def test_an_ack_that_waited_for_the_job_lock_sees_the_abort_committed_meanwhile(make_api, pg_url):
+    """Another transaction (a replica's scheduler expiring the checkpoint, a newer checkpoint completing, a new
+    attempt) aborts a checkpoint while an ack for it waits for the job row lock: once the lock is granted the ack
+    is decided on the checkpoint as that transaction left it, a 409 saying it was aborted, and nothing is recorded
+    into the aborted checkpoint. Read as of the lock statement's start, it was still pending and the ack counted."""
+    async with make_api(database_url=pg_url) as api:
+        job = await api.job(parallelism={"src": 3})
+        cp_id = (await api.trigger(job["id"])).json()["id"]
+        assert (await api.ack(job["id"], cp_id, "src", 0)).status_code == 200
+
+        async def lock_waits() -> int:
+            async with api.ctx.tx(readonly=True) as s:
+                return (await s.execute(text("SELECT count(*) FROM pg_locks WHERE NOT granted"))).scalar_one()
+
+        async with api.ctx.tx() as s:  # what the other replica's transaction does, held open until the ack waits
+            job_row = await lock_job(s, job["id"])
+            cp = await s.get(CheckpointRow, (job["id"], cp_id))
+            await abort_checkpoint(s, job_row, cp, AbortReason.expired, "by another replica", now_ms())
+            waiting = asyncio.create_task(api.ack(job["id"], cp_id, "src", 1))
+            await api.wait_for(lock_waits, what="the ack's transaction waiting for the job row lock")
+        r = await asyncio.wait_for(waiting, 30)
+        assert r.status_code == 409, r.text
+        assert "aborted" in r.json()["error"]["message"]
+        detail = await api.checkpoint(job["id"], cp_id)
+        assert detail["status"] == "ABORTED"
+        assert detail["num_acknowledged_subtasks"] == 1
+        assert [(a["vertex"], a["subtask_index"]) for a in detail["subtasks"]] == [("src", 0)]

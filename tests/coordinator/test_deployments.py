@@ -28,6 +28,20 @@ def test_the_default_namespace_is_shared_by_replicas_of_one_database_and_differs
     assert Settings(data_dir=tmp_path, namespace="prod-eu").effective_namespace == "prod-eu"
 
 
+def test_replicas_that_spell_the_database_host_in_another_case_share_the_default_namespace(tmp_path):
+    """A host name is case-insensitive: replicas configured with DB.internal and db.internal use one database, so
+    one namespace (otherwise each drops the other's events from Redis as another deployment's). The database's
+    name and the user keep their case: PostgreSQL tells them apart by it."""
+    pg = "postgresql+asyncpg://overtake:secret@db.internal:5432/overtake"
+
+    def namespace(url: str) -> str:
+        return Settings(data_dir=tmp_path, database_url=url).effective_namespace
+
+    assert namespace(pg.replace("db.internal", "DB.Internal")) == namespace(pg)
+    assert namespace(pg.replace("/overtake", "/Overtake")) != namespace(pg)
+    assert namespace(pg.replace("overtake:", "Overtake:")) != namespace(pg)
+
+
 def _event(id_: int, deployment: str, job_id: int = 1) -> Event:
     return Event(id=id_, job_id=job_id, type=EventType.checkpoint_aborted, timestamp=0, data={}, deployment=deployment)
 

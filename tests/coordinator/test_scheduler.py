@@ -175,3 +175,23 @@ async def test_a_trigger_runs_no_pass_and_the_scheduler_still_acts_at_its_checkp
 
         await api.wait_for(expired, timeout=20, what="the checkpoint's timeout")
         assert (await api.checkpoint(quiet["id"], 1))["status"] == "PENDING"
+
+
+async def test_an_expired_checkpoint_is_stamped_when_it_is_aborted_not_when_the_schedulers_pass_began(make_api):
+    """Acks recorded while a pass does its other work still count toward the checkpoint the pass then expires (the
+    abort's reason says so); its failure timestamp is when it was aborted, after theirs, not the pass's start."""
+    from app.domain.context import now_ms
+    from app.scheduler import Scheduler
+
+    async with make_api(scheduler_enabled=False) as api:  # this test runs the scheduler's pass itself
+        job = await api.job(parallelism={"src": 2}, timeout=50)
+        cp_id = (await api.trigger(job["id"])).json()["id"]
+        await asyncio.sleep(0.1)  # past its timeout
+        pass_began = now_ms()
+        await asyncio.sleep(0.02)  # the pass's other work, while an ack is recorded
+        assert (await api.ack(job["id"], cp_id, "src", 0)).status_code == 200
+        await Scheduler(api.ctx)._expire_and_switch(pass_began)
+        cp = await api.checkpoint(job["id"], cp_id)
+        assert cp["status"] == "ABORTED" and "(1 of 2 acked)" in cp["failure_reason"], cp["failure_reason"]
+        (acked,) = cp["subtasks"]
+        assert cp["failure_timestamp"] >= acked["ack_timestamp"], (cp["failure_timestamp"], acked["ack_timestamp"])
