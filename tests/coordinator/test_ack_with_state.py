@@ -3,6 +3,7 @@ idempotent on retries, all or nothing on bad input, and the same checkpoint as s
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 
@@ -179,3 +180,16 @@ async def test_a_blob_part_is_refused_as_soon_as_it_passes_the_blob_limit(make_a
         assert r.status_code == 413 and "4096" in r.json()["error"]["message"]
         assert sent["chunks"] < 100
         assert await _count_blobs(api) == 0
+
+
+async def test_the_same_report_sent_concurrently_records_one_ack_and_answers_the_rest_as_duplicates(api):
+    job = await api.job()
+    await api.trigger(job["id"])
+    op, ch = b"operator state", bytes(range(256)) * 8
+    answers = await asyncio.gather(
+        *(report(api, job["id"], 1, "agg", 0, operator=op, channel=ch) for _ in range(10))
+    )
+    assert [r.status_code for r in answers] == [200] * 10, [r.text for r in answers]
+    assert sorted(r.json()["duplicate"] for r in answers) == [False] + [True] * 9
+    assert await _count_blobs(api) == 2 and len(_stored_files(api)) == 2
+    assert (await api.checkpoint(job["id"], 1))["num_acknowledged_subtasks"] == 1
