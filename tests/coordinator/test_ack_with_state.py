@@ -118,6 +118,25 @@ async def test_bad_reports_are_4xx_that_say_what_is_wrong_and_store_nothing(api)
     assert (await api.checkpoint(job["id"], 1))["num_acknowledged_subtasks"] == 0
 
 
+
+async def test_a_multipart_boundary_the_parser_cannot_take_is_422_not_500(api):
+    job = await api.job()
+    await api.trigger(job["id"])
+    boundary = "b" * 300  # RFC 2046 allows 70 characters; the parser takes 256
+    body = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="ack"\r\n\r\n'
+        + json.dumps({"attempt": 1, "vertex": "agg", "subtask_index": 0})
+        + f"\r\n--{boundary}--\r\n"
+    ).encode()
+    r = await api.client.post(
+        f"/api/v1/jobs/{job['id']}/checkpoints/1/acks/with-state",
+        content=body,
+        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["code"] == "invalid" and "boundary" in r.json()["error"]["message"]
+    assert (await api.checkpoint(job["id"], 1))["num_acknowledged_subtasks"] == 0
+
 async def test_a_report_without_blobs_is_a_plain_ack(api):
     job = await api.job()
     await api.trigger(job["id"])
