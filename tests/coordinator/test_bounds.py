@@ -102,3 +102,29 @@ async def test_ack_figures_beyond_the_columns_are_refused(api):
     r = await api.ack(job["id"], 1, "src", 0, metrics={"processed_data": 2**63}, key_group_start=2**40)
     assert r.status_code == 422
     assert (await api.checkpoint(job["id"], 1))["num_acknowledged_subtasks"] == 0
+
+
+async def test_text_postgresql_cannot_hold_is_a_422_that_changes_nothing_not_a_500(api):
+    """A NUL character in free text (a failure message, a decline's or an attempt's reason): SQLite stores it,
+    PostgreSQL's text cannot hold it, and its driver's refusal must be answered as the documented 422."""
+    job = await api.job(tolerable_failures=5)
+    jid = job["id"]
+    await api.trigger(jid)
+    requests = [
+        (f"/api/v1/jobs/{jid}/checkpoints/1/declines",
+         {"attempt": 1, "vertex": "src", "subtask_index": 0, "reason": "bad\x00byte"}),
+        (f"/api/v1/jobs/{jid}/attempts", {"reason": "restart\x00"}),
+        (f"/api/v1/jobs/{jid}/finish", {"status": "FAILED", "message": "boom\x00"}),
+    ]
+    for path, body in requests:
+        before = (await api.client.get(f"/api/v1/jobs/{jid}")).json()
+        r = await api.client.post(path, json=body)
+        if api.backend == "postgres":
+            assert r.status_code == 422, (path, r.text)
+            assert r.json()["error"]["code"] == "invalid" and "0x00" in r.json()["error"]["message"], r.text
+            assert (await api.client.get(f"/api/v1/jobs/{jid}")).json() == before
+        else:
+            assert r.status_code < 300, (path, r.text)
+    if api.backend == "postgres":
+        assert (await api.checkpoint(jid, 1))["status"] == "PENDING"
+
