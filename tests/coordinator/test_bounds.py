@@ -128,3 +128,28 @@ async def test_text_postgresql_cannot_hold_is_a_422_that_changes_nothing_not_a_5
     if api.backend == "postgres":
         assert (await api.checkpoint(jid, 1))["status"] == "PENDING"
 
+
+async def test_nan_and_infinity_in_free_form_json_are_refused_with_422_naming_where(api):
+    """Source offsets and an engine's figures are kept as JSON: a NaN or an Infinity (which lenient parsers take)
+    would be a 500 on PostgreSQL and silently become null on SQLite; it is a 422 that names where it is."""
+    job = await api.job(tolerable_failures=5)
+    jid = job["id"]
+    await api.trigger(jid)
+    headers = {"Content-Type": "application/json"}
+    ack = b'{"attempt": 1, "vertex": "src", "subtask_index": 0, "source_offsets": {"p": [1, {"o": NaN}]}}'
+    for path, body in [
+        (f"/api/v1/jobs/{jid}/checkpoints/1/acks", ack),
+        (f"/api/v1/jobs/{jid}/checkpoints/1/acks/batch", b'{"acks": [' + ack.replace(b"NaN", b"Infinity") + b"]}"),
+    ]:
+        r = await api.client.post(path, content=body, headers=headers)
+        assert r.status_code == 422, (path, r.text)
+        assert "source_offsets: p.1.o is not a finite number" in r.json()["error"]["message"], r.text
+    assert (await api.checkpoint(jid, 1))["num_acknowledged_subtasks"] == 0
+    external = await api.job()
+    r = await api.client.post(
+        f"/api/v1/jobs/{external['id']}/checkpoints/external",
+        content=b'{"id": 1, "trigger_timestamp": 1, "completed_timestamp": 2, "metrics": {"rate": 1e400}}',
+        headers=headers,
+    )
+    assert r.status_code == 422 and "metrics: rate is not a finite number" in r.json()["error"]["message"], r.text
+    assert (await api.client.get(f"/api/v1/jobs/{external['id']}/checkpoints")).json()["total"] == 0
