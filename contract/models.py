@@ -796,6 +796,16 @@ class _AckFields(_Model):
         _check_segments(self.channel_segments, self._channel_size())
         return self
 
+    @model_validator(mode="after")
+    def _key_groups_in_order(self) -> _AckFields:
+        start, end = self.key_group_start, self.key_group_end
+        if start is not None and end is not None and start > end:
+            raise ValueError(
+                f"key_group_start {start} is after key_group_end {end}: the range is from its first key group to "
+                "its last, both included"
+            )
+        return self
+
 
 class SubtaskAck(_AckFields):
     operator_state: BlobRef | None = Field(default=None, description="Operator state uploaded through the coordinator.")

@@ -153,3 +153,14 @@ async def test_nan_and_infinity_in_free_form_json_are_refused_with_422_naming_wh
     )
     assert r.status_code == 422 and "metrics: rate is not a finite number" in r.json()["error"]["message"], r.text
     assert (await api.client.get(f"/api/v1/jobs/{external['id']}/checkpoints")).json()["total"] == 0
+
+
+async def test_an_ack_whose_key_group_range_is_reversed_is_refused_and_never_reaches_a_restore_plan(api):
+    job = await api.job()
+    await api.trigger(job["id"])
+    r = await api.ack(job["id"], 1, "agg", 0, key_group_start=7, key_group_end=2)
+    assert r.status_code == 422, r.text
+    assert "key_group_start 7 is after key_group_end 2" in r.json()["error"]["message"], r.text
+    assert (await api.checkpoint(job["id"], 1))["num_acknowledged_subtasks"] == 0
+    ok = await api.ack(job["id"], 1, "agg", 0, key_group_start=0, key_group_end=7)
+    assert ok.status_code == 200, ok.text
