@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 
 import pytest
 
@@ -212,3 +213,41 @@ async def test_the_same_report_sent_concurrently_records_one_ack_and_answers_the
     assert sorted(r.json()["duplicate"] for r in answers) == [False] + [True] * 9
     assert await _count_blobs(api) == 2 and len(_stored_files(api)) == 2
     assert (await api.checkpoint(job["id"], 1))["num_acknowledged_subtasks"] == 1
+
+
+async def test_a_subtask_that_disconnects_in_the_middle_of_its_report_is_no_error_and_stores_nothing(api, caplog):
+    """A subtask killed while it sends its state: the request ends there, nothing is stored and the coordinator
+    logs no error with a traceback (an executor dying is an everyday event)."""
+    job = await api.job()
+    await api.trigger(job["id"])
+    op = b"operator state" * 1000
+    ack = {"attempt": 1, "vertex": "agg", "subtask_index": 0, "operator_state": digest(op)}
+    body = (
+        b'--x\r\nContent-Disposition: form-data; name="ack"\r\n\r\n' + json.dumps(ack).encode()
+        + b'\r\n--x\r\nContent-Disposition: form-data; name="operator_state"; filename="o"\r\n\r\n' + op
+        + b"\r\n--x--\r\n"
+    )
+    path = f"/api/v1/jobs/{job['id']}/checkpoints/1/acks/with-state"
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
+        "headers": [(b"host", b"coordinator"), (b"content-type", b"multipart/form-data; boundary=x"),
+                    (b"content-length", str(len(body)).encode())],
+        "client": ("127.0.0.1", 40000), "server": ("coordinator", 80), "state": {},
+    }
+    messages = [{"type": "http.request", "body": body[: len(body) // 2], "more_body": True}]
+
+    async def receive() -> dict:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    with caplog.at_level(logging.INFO):
+        await api.app(scope, receive, send)
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert sent[0]["status"] == 400
+    assert await _count_blobs(api) == 0 and _stored_files(api) == []
+    assert (await api.checkpoint(job["id"], 1))["num_acknowledged_subtasks"] == 0
