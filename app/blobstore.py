@@ -12,6 +12,7 @@ staging file while their sha256 and size are computed; only a verified upload is
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import os
 import re
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
 
-from app.errors import Invalid, TooLarge
+from app.errors import Conflict, Invalid, TooLarge
 from app.registry import SchemeRegistry
 from contract.models import STATE_KEY_PATTERN, WriteTarget, state_prefix
 
@@ -95,6 +96,11 @@ def _digest(opener, path, start: int = 0, length: int | None = None) -> str | No
 
 def _durable_move(src: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
+    if _linked(dest):
+        raise Conflict(
+            f"the blob store's directory for {dest.parent.name} is reached through a symbolic link; the coordinator "
+            "stores nothing through one; nothing was stored"
+        )
     with open(src, "rb") as f:
         os.fsync(f.fileno())
     os.replace(src, dest)
@@ -201,12 +207,33 @@ class _Base:
             raise
 
 
+def _linked(path: Path) -> bool:
+    """Whether a directory on the way to `path` (under the store's root, which is resolved) is a symbolic link.
+    Subtasks create the directories of a shared store themselves: a link there could point anywhere, and the
+    coordinator must not read, count or delete objects outside the store through it."""
+    return os.path.realpath(path.parent) != str(path.parent)
+
+
 def _lstat_size(path: Path) -> int | None:
+    """The size of the regular file at `path`, or None: missing, not a regular file, or reached through a link."""
     try:
         st = path.lstat()
     except (FileNotFoundError, NotADirectoryError):
         return None
-    return st.st_size if stat_mode.S_ISREG(st.st_mode) else None
+    return st.st_size if stat_mode.S_ISREG(st.st_mode) and not _linked(path) else None
+
+
+def _open_object(path: Path, mode: str = "rb"):
+    """Open a stored object for reading, never through a symbolic link (FileNotFoundError then, as if missing)."""
+    if _linked(path):
+        raise FileNotFoundError(f"{path} is reached through a symbolic link")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise FileNotFoundError(f"{path} is a symbolic link") from None
+        raise
+    return os.fdopen(fd, mode)
 
 
 class _StatBatch:
@@ -278,7 +305,9 @@ def filesystem_type(path: Path, mounts: str | None = None) -> str | None:
 
 
 def _remove(path: Path) -> None:
-    """Remove a file, a link or a directory tree; nothing if it is not there."""
+    """Remove a file, a link or a directory tree; nothing if it is not there (or only reached through a link)."""
+    if _linked(path):
+        return
     try:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
@@ -289,6 +318,8 @@ def _remove(path: Path) -> None:
 
 
 def _prune_dir(directory: Path, keep: set[str]) -> list[str]:
+    if _linked(directory) or directory.is_symlink():
+        return []
     try:
         entries = list(os.scandir(directory))
     except (FileNotFoundError, NotADirectoryError):
@@ -348,7 +379,7 @@ class FileBlobStore(_Base):
         return list(await asyncio.get_running_loop().run_in_executor(None, _lstat_sizes, paths))
 
     async def read_range(self, key: str, start: int, end: int) -> AsyncIterator[bytes]:
-        with open(self._path(key), "rb") as f:
+        with _open_object(self._path(key)) as f:
             f.seek(start)
             remaining = end - start + 1
             while remaining > 0:
@@ -359,7 +390,7 @@ class FileBlobStore(_Base):
                 yield chunk
 
     async def sha256(self, key: str, start: int = 0, length: int | None = None) -> str | None:
-        return await asyncio.to_thread(_digest, open, self._path(key), start, length)
+        return await asyncio.to_thread(_digest, _open_object, self._path(key), start, length)
 
     async def delete(self, key: str) -> None:
         await asyncio.to_thread(_remove, self._path(key))

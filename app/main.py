@@ -15,6 +15,7 @@ from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from app import __doc__ as APP_DOC
 from app.api import acks, checkpoints, jobs, live, ops, subtasks, ui
@@ -119,6 +120,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         refused.status_code, refused.code = exc.status_code, codes.get(exc.status_code, "http_error")
         refused.headers = dict(exc.headers or {})  # e.g. Allow on a 405
         return _error(refused)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, _: ClientDisconnect) -> JSONResponse:
+        # a subtask that died (or gave up) while it sent a body: nothing was stored, and nobody reads the answer
+        log.info("%s %s: the client closed the connection before its body arrived whole", request.method,
+                 request.url.path)
+        return _error(DomainError("the client closed the connection before its body arrived whole; nothing was stored"))
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

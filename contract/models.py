@@ -8,11 +8,20 @@ Durations are milliseconds, timestamps are milliseconds since the epoch, sizes a
 
 from __future__ import annotations
 
+import math
 import re
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,128}$"
 NAME_RE = re.compile(NAME_PATTERN)
@@ -32,6 +41,37 @@ def _range(lo: int, hi: int) -> dict[str, Any]:
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _non_finite(value: Any, where: str) -> str | None:
+    """Where in a JSON value a number is NaN or infinite (what parsers accept beyond JSON), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = _non_finite(item, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def _finite_only(value: dict[str, Any]) -> dict[str, Any]:
+    where = _non_finite(value, "")
+    if where is not None:
+        raise ValueError(
+            f"{where} is not a finite number (NaN and Infinity are not JSON and cannot be stored as it); "
+            "send a number, a string or null"
+        )
+    return value
+
+
+JsonObject = Annotated[dict[str, Any], AfterValidator(_finite_only)]
+"""A JSON object kept as it is (source offsets, an engine's figures): only JSON values, no NaN or Infinity."""
 
 
 # --------------------------------------------------------------------------- graph and config
@@ -742,7 +782,7 @@ class _AckFields(_Model):
     vertex: str = Field(pattern=NAME_PATTERN)
     subtask_index: int = Field(ge=0, lt=MAX_PARALLELISM)
     channel_segments: list[ChannelSegment] = Field(default_factory=list, max_length=100_000)
-    source_offsets: dict[str, Any] | None = None
+    source_offsets: JsonObject | None = None
     key_group_start: int | None = Field(default=None, ge=0, lt=MAX_PARALLELISM)
     key_group_end: int | None = Field(default=None, ge=0, lt=MAX_PARALLELISM)
     metrics: AckMetrics = Field(default_factory=AckMetrics)
@@ -754,6 +794,16 @@ class _AckFields(_Model):
     @model_validator(mode="after")
     def _segments_need_blob(self) -> _AckFields:
         _check_segments(self.channel_segments, self._channel_size())
+        return self
+
+    @model_validator(mode="after")
+    def _key_groups_in_order(self) -> _AckFields:
+        start, end = self.key_group_start, self.key_group_end
+        if start is not None and end is not None and start > end:
+            raise ValueError(
+                f"key_group_start {start} is after key_group_end {end}: the range is from its first key group to "
+                "its last, both included"
+            )
         return self
 
 
@@ -845,8 +895,8 @@ class ExternalCheckpoint(_Model):
     )
     persisted_data: int = Field(default=0, ge=0, le=MAX_FIGURE)
     alignment_duration: int | None = Field(default=None, ge=0, le=MAX_FIGURE)
-    source_offsets: dict[str, Any] | None = None
-    metrics: dict[str, Any] = Field(default_factory=dict, description="Engine-specific figures, kept as they are.")
+    source_offsets: JsonObject | None = None
+    metrics: JsonObject = Field(default_factory=dict, description="Engine-specific figures, kept as they are.")
 
     @model_validator(mode="after")
     def _order(self) -> ExternalCheckpoint:

@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from python_multipart.exceptions import MultipartParseError
+from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from app.errors import Invalid, TooLarge
@@ -36,7 +36,13 @@ class MultipartStream:
         self._headers: dict[bytes, bytes] = {}
         self._done = False
         self._in_part = False
-        self._parser = MultipartParser(
+        try:
+            self._parser = self._new_parser(boundary)
+        except FormParserError as exc:  # a boundary the parser refuses (longer than it takes)
+            raise Invalid(f"the multipart boundary cannot be used: {exc}; nothing was stored") from None
+
+    def _new_parser(self, boundary: bytes) -> MultipartParser:
+        return MultipartParser(
             boundary,
             {
                 "on_part_begin": self._begin,
@@ -75,7 +81,7 @@ class MultipartStream:
                 continue
             try:
                 self._parser.write(chunk)
-            except MultipartParseError as exc:
+            except FormParserError as exc:  # MultipartParseError and the parser's other refusals
                 raise Invalid(f"the multipart body cannot be read: {exc}; nothing was stored") from None
         return self._events.popleft()
 

@@ -32,13 +32,28 @@ class TransientDatabaseError(Exception):
         return Unavailable(f"the database is busy or unavailable ({self}); retry")
 
 
+def _sqlstate(exc: DBAPIError) -> str | None:
+    return getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+
+
+def is_data_exception(exc: BaseException) -> bool:
+    """A value the database cannot hold (SQLSTATE class 22: a NUL character in text, a token that is not JSON such
+    as NaN, a number out of range). asyncpg's errors of that class do not arrive as SQLAlchemy's DataError."""
+    if isinstance(exc, DataError):
+        return True
+    if isinstance(exc, DBAPIError) and not isinstance(exc, (OperationalError, InterfaceError)):
+        code = _sqlstate(exc)
+        return code is not None and code.startswith("22")
+    return False
+
+
 def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, (PoolTimeout, ConnectionError, TimeoutError)):
         return True
     if isinstance(exc, DBAPIError):
         if exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError)):
             return True
-        code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+        code = _sqlstate(exc)
         return code is not None and (code in TRANSIENT_SQLSTATES or code.startswith("08"))
     return False
 
@@ -117,10 +132,10 @@ class Database:
             except IntegrityError as exc:
                 log.info("integrity error: %s", exc.orig)
                 raise Conflict(f"the request conflicts with stored data: {exc.orig}") from exc
-            except DataError as exc:
-                log.info("data error: %s", exc.orig)
-                raise Invalid(f"a value does not fit the database: {exc.orig}") from exc
             except Exception as exc:
+                if is_data_exception(exc):
+                    log.info("data error: %s", exc.orig)
+                    raise Invalid(f"a value does not fit the database: {exc.orig}") from exc
                 if is_transient(exc):
                     log.warning("transient database error: %s", getattr(exc, "orig", exc))
                     raise TransientDatabaseError(f"{type(exc).__name__}: {getattr(exc, 'orig', exc)}") from exc

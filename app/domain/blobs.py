@@ -45,9 +45,12 @@ def object_of(b: BlobRow) -> tuple[str, int]:
     return b.key, b.offset
 
 
-async def _existing(ctx: Context, job_id: int, cp_id: int, vertex: str, index: int) -> dict[str, BlobRow]:
+async def _existing(
+    ctx: Context, job_id: int, cp_id: int, vertex: str, index: int
+) -> tuple[CheckpointRow, dict[str, BlobRow]]:
+    """The checkpoint and the blobs of the subtask's slot as they are now (after a concurrent upload won it)."""
     async with ctx.tx(readonly=True) as s:
-        return await _slot(s, job_id, cp_id, vertex, index)
+        return await get_checkpoint_or_404(s, job_id, cp_id), await _slot(s, job_id, cp_id, vertex, index)
 
 
 async def _slot(s, job_id: int, cp_id: int, vertex: str, index: int) -> dict[str, BlobRow]:
@@ -152,15 +155,16 @@ async def store(
                 if isinstance(m, BaseException):
                     raise m
             async with ctx.tx() as s:
-                # Share-lock the checkpoint so an abort cannot slip between this check and the insert.
-                cp = (
+                # Share-lock the checkpoint so an abort cannot slip between this check and the insert. (Its row is
+                # not `cp`: a failed insert rolls this session back and leaves its rows expired and detached.)
+                locked = (
                     await s.execute(
                         select(CheckpointRow)
                         .where(CheckpointRow.job_id == job_id, CheckpointRow.id == cp_id)
                         .with_for_update(read=True)
                     )
                 ).scalar_one()
-                _check_open(cp, attempt, vertex, index)
+                _check_open(locked, attempt, vertex, index)
                 created_at = now_ms()
                 for i in new:
                     row = BlobRow(
@@ -189,10 +193,10 @@ async def store(
                 await ctx.store.delete(keys[i])
             if isinstance(exc, Conflict) and isinstance(exc.__cause__, IntegrityError):
                 # A concurrent identical upload won the slot: answer as for a retry.
-                won = await _existing(ctx, job_id, cp_id, vertex, index)
+                now_cp, won = await _existing(ctx, job_id, cp_id, vertex, index)
                 if all(k in won for k in kinds):
                     return [
-                        (_same_or_conflict(cp, won[k], st, attempt, vertex, index), False)
+                        (_same_or_conflict(now_cp, won[k], st, attempt, vertex, index), False)
                         for k, st in zip(kinds, staged, strict=True)
                     ]
             raise

@@ -3,8 +3,10 @@ idempotent on retries, all or nothing on bad input, and the same checkpoint as s
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import logging
 
 import pytest
 
@@ -117,6 +119,25 @@ async def test_bad_reports_are_4xx_that_say_what_is_wrong_and_store_nothing(api)
     assert (await api.checkpoint(job["id"], 1))["num_acknowledged_subtasks"] == 0
 
 
+
+async def test_a_multipart_boundary_the_parser_cannot_take_is_422_not_500(api):
+    job = await api.job()
+    await api.trigger(job["id"])
+    boundary = "b" * 300  # RFC 2046 allows 70 characters; the parser takes 256
+    body = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="ack"\r\n\r\n'
+        + json.dumps({"attempt": 1, "vertex": "agg", "subtask_index": 0})
+        + f"\r\n--{boundary}--\r\n"
+    ).encode()
+    r = await api.client.post(
+        f"/api/v1/jobs/{job['id']}/checkpoints/1/acks/with-state",
+        content=body,
+        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["code"] == "invalid" and "boundary" in r.json()["error"]["message"]
+    assert (await api.checkpoint(job["id"], 1))["num_acknowledged_subtasks"] == 0
+
 async def test_a_report_without_blobs_is_a_plain_ack(api):
     job = await api.job()
     await api.trigger(job["id"])
@@ -179,3 +200,54 @@ async def test_a_blob_part_is_refused_as_soon_as_it_passes_the_blob_limit(make_a
         assert r.status_code == 413 and "4096" in r.json()["error"]["message"]
         assert sent["chunks"] < 100
         assert await _count_blobs(api) == 0
+
+
+async def test_the_same_report_sent_concurrently_records_one_ack_and_answers_the_rest_as_duplicates(api):
+    job = await api.job()
+    await api.trigger(job["id"])
+    op, ch = b"operator state", bytes(range(256)) * 8
+    answers = await asyncio.gather(
+        *(report(api, job["id"], 1, "agg", 0, operator=op, channel=ch) for _ in range(10))
+    )
+    assert [r.status_code for r in answers] == [200] * 10, [r.text for r in answers]
+    assert sorted(r.json()["duplicate"] for r in answers) == [False] + [True] * 9
+    assert await _count_blobs(api) == 2 and len(_stored_files(api)) == 2
+    assert (await api.checkpoint(job["id"], 1))["num_acknowledged_subtasks"] == 1
+
+
+async def test_a_subtask_that_disconnects_in_the_middle_of_its_report_is_no_error_and_stores_nothing(api, caplog):
+    """A subtask killed while it sends its state: the request ends there, nothing is stored and the coordinator
+    logs no error with a traceback (an executor dying is an everyday event)."""
+    job = await api.job()
+    await api.trigger(job["id"])
+    op = b"operator state" * 1000
+    ack = {"attempt": 1, "vertex": "agg", "subtask_index": 0, "operator_state": digest(op)}
+    body = (
+        b'--x\r\nContent-Disposition: form-data; name="ack"\r\n\r\n' + json.dumps(ack).encode()
+        + b'\r\n--x\r\nContent-Disposition: form-data; name="operator_state"; filename="o"\r\n\r\n' + op
+        + b"\r\n--x--\r\n"
+    )
+    path = f"/api/v1/jobs/{job['id']}/checkpoints/1/acks/with-state"
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
+        "headers": [(b"host", b"coordinator"), (b"content-type", b"multipart/form-data; boundary=x"),
+                    (b"content-length", str(len(body)).encode())],
+        "client": ("127.0.0.1", 40000), "server": ("coordinator", 80), "state": {},
+    }
+    messages = [{"type": "http.request", "body": body[: len(body) // 2], "more_body": True}]
+
+    async def receive() -> dict:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    with caplog.at_level(logging.INFO):
+        await api.app(scope, receive, send)
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert sent[0]["status"] == 400
+    assert await _count_blobs(api) == 0 and _stored_files(api) == []
+    assert (await api.checkpoint(job["id"], 1))["num_acknowledged_subtasks"] == 0

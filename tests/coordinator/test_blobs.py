@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 
 import pytest
@@ -100,6 +101,18 @@ async def test_retried_upload_returns_the_same_blob_and_a_different_one_is_409(a
     other = await api.upload(job["id"], 1, "agg", 0, b"abd")
     assert other.status_code == 409 and "cannot be replaced" in other.json()["error"]["message"]
     assert await _count_blobs(api) == 1
+
+
+async def test_the_same_upload_sent_concurrently_stores_one_blob_and_every_request_gets_it(api):
+    """Identical uploads racing for one slot: one stores the blob (201), the others lose the insert and are answered
+    as retries (200, the same blob), never with an error."""
+    job = await api.job()
+    await api.trigger(job["id"])
+    data = b"the same bytes" * 100
+    answers = await asyncio.gather(*(api.upload(job["id"], 1, "agg", 0, data) for _ in range(10)))
+    assert sorted(r.status_code for r in answers) == [200] * 9 + [201], [r.text for r in answers]
+    assert len({r.json()["blob_id"] for r in answers}) == 1
+    assert await _count_blobs(api) == 1 and len(_stored_files(api)) == 1
 
 
 async def test_upload_for_an_aborted_checkpoint_or_wrong_attempt_is_409(api):

@@ -102,3 +102,65 @@ async def test_ack_figures_beyond_the_columns_are_refused(api):
     r = await api.ack(job["id"], 1, "src", 0, metrics={"processed_data": 2**63}, key_group_start=2**40)
     assert r.status_code == 422
     assert (await api.checkpoint(job["id"], 1))["num_acknowledged_subtasks"] == 0
+
+
+async def test_text_postgresql_cannot_hold_is_a_422_that_changes_nothing_not_a_500(api):
+    """A NUL character in free text (a failure message, a decline's or an attempt's reason): SQLite stores it,
+    PostgreSQL's text cannot hold it, and its driver's refusal must be answered as the documented 422."""
+    job = await api.job(tolerable_failures=5)
+    jid = job["id"]
+    await api.trigger(jid)
+    requests = [
+        (f"/api/v1/jobs/{jid}/checkpoints/1/declines",
+         {"attempt": 1, "vertex": "src", "subtask_index": 0, "reason": "bad\x00byte"}),
+        (f"/api/v1/jobs/{jid}/attempts", {"reason": "restart\x00"}),
+        (f"/api/v1/jobs/{jid}/finish", {"status": "FAILED", "message": "boom\x00"}),
+    ]
+    for path, body in requests:
+        before = (await api.client.get(f"/api/v1/jobs/{jid}")).json()
+        r = await api.client.post(path, json=body)
+        if api.backend == "postgres":
+            assert r.status_code == 422, (path, r.text)
+            assert r.json()["error"]["code"] == "invalid" and "0x00" in r.json()["error"]["message"], r.text
+            assert (await api.client.get(f"/api/v1/jobs/{jid}")).json() == before
+        else:
+            assert r.status_code < 300, (path, r.text)
+    if api.backend == "postgres":
+        assert (await api.checkpoint(jid, 1))["status"] == "PENDING"
+
+
+async def test_nan_and_infinity_in_free_form_json_are_refused_with_422_naming_where(api):
+    """Source offsets and an engine's figures are kept as JSON: a NaN or an Infinity (which lenient parsers take)
+    would be a 500 on PostgreSQL and silently become null on SQLite; it is a 422 that names where it is."""
+    job = await api.job(tolerable_failures=5)
+    jid = job["id"]
+    await api.trigger(jid)
+    headers = {"Content-Type": "application/json"}
+    ack = b'{"attempt": 1, "vertex": "src", "subtask_index": 0, "source_offsets": {"p": [1, {"o": NaN}]}}'
+    for path, body in [
+        (f"/api/v1/jobs/{jid}/checkpoints/1/acks", ack),
+        (f"/api/v1/jobs/{jid}/checkpoints/1/acks/batch", b'{"acks": [' + ack.replace(b"NaN", b"Infinity") + b"]}"),
+    ]:
+        r = await api.client.post(path, content=body, headers=headers)
+        assert r.status_code == 422, (path, r.text)
+        assert "source_offsets: p.1.o is not a finite number" in r.json()["error"]["message"], r.text
+    assert (await api.checkpoint(jid, 1))["num_acknowledged_subtasks"] == 0
+    external = await api.job()
+    r = await api.client.post(
+        f"/api/v1/jobs/{external['id']}/checkpoints/external",
+        content=b'{"id": 1, "trigger_timestamp": 1, "completed_timestamp": 2, "metrics": {"rate": 1e400}}',
+        headers=headers,
+    )
+    assert r.status_code == 422 and "metrics: rate is not a finite number" in r.json()["error"]["message"], r.text
+    assert (await api.client.get(f"/api/v1/jobs/{external['id']}/checkpoints")).json()["total"] == 0
+
+
+async def test_an_ack_whose_key_group_range_is_reversed_is_refused_and_never_reaches_a_restore_plan(api):
+    job = await api.job()
+    await api.trigger(job["id"])
+    r = await api.ack(job["id"], 1, "agg", 0, key_group_start=7, key_group_end=2)
+    assert r.status_code == 422, r.text
+    assert "key_group_start 7 is after key_group_end 2" in r.json()["error"]["message"], r.text
+    assert (await api.checkpoint(job["id"], 1))["num_acknowledged_subtasks"] == 0
+    ok = await api.ack(job["id"], 1, "agg", 0, key_group_start=0, key_group_end=7)
+    assert ok.status_code == 200, ok.text

@@ -813,3 +813,38 @@ async def test_acks_of_objects_in_a_local_store_are_checked_inline_and_elsewhere
     local = getattr(api.ctx.store, "local", False)
     assert local == isinstance(api.ctx.store, FileBlobStore)  # the tests' directories are on a local disk
     assert bounded == ([] if local else [written_mod.STAT_TIMEOUT] * 4)
+
+
+async def test_a_symbolic_link_in_a_shared_store_never_makes_the_coordinator_read_or_delete_outside_it(api, tmp_path):
+    """Subtasks create the directories of a file store themselves. A directory that is a link to elsewhere must not
+    let an ack count a file outside the store (the blob route would then serve it), nor a cleaning delete there."""
+    store = api.ctx.store
+    assert isinstance(store, FileBlobStore)
+    outside = tmp_path / "outside"
+    (outside / "cp-000000000001").mkdir(parents=True)
+    secret = b"a file of the coordinator's machine, outside the store"
+    (outside / "secret.state").write_bytes(secret)
+    (outside / "cp-000000000001" / "agg-0-a1.state").write_bytes(secret)
+    reader = await api.job(tolerable_failures=5)
+    await api.trigger(reader["id"])
+    prefix = (await target_of(api, reader["id"], 1))["prefix"]
+    link = store.root / prefix.rstrip("/")
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(outside, target_is_directory=True)
+    r = await api.ack(reader["id"], 1, "agg", 0, written=written(prefix + "secret.state", secret, b""))
+    assert r.status_code == 422 and "does not exist" in r.json()["error"]["message"], r.text
+    assert await rows(api, AckRow, job_id=reader["id"]) == 0
+    deleter = await api.job(tolerable_failures=5)
+    job_dir = store.root / f"job-{deleter['id']}"
+    if job_dir.exists():
+        job_dir.rmdir()
+    job_dir.symlink_to(outside, target_is_directory=True)
+    await api.trigger(deleter["id"])
+    r = await api.client.post(
+        f"/api/v1/jobs/{deleter['id']}/checkpoints/1/declines",
+        json={"attempt": 1, "vertex": "src", "subtask_index": 0, "reason": "disk full"},
+    )
+    assert r.status_code == 200 and r.json()["status"] == "ABORTED"
+    await api.ctx.sweep_state(now=2**46)
+    assert (outside / "secret.state").read_bytes() == secret
+    assert (outside / "cp-000000000001" / "agg-0-a1.state").read_bytes() == secret
