@@ -207,20 +207,27 @@ class _Base:
             raise
 
 
-def _linked(path: Path) -> bool:
+def _linked(path: Path, seen: dict[Path, bool] | None = None) -> bool:
     """Whether a directory on the way to `path` (under the store's root, which is resolved) is a symbolic link.
     Subtasks create the directories of a shared store themselves: a link there could point anywhere, and the
-    coordinator must not read, count or delete objects outside the store through it."""
-    return os.path.realpath(path.parent) != str(path.parent)
+    coordinator must not read, count or delete objects outside the store through it. `seen`: answers for the
+    directories asked about before in the same batch (a checkpoint's acks share one directory)."""
+    parent = path.parent
+    if seen is not None and parent in seen:
+        return seen[parent]
+    linked = os.path.realpath(parent) != str(parent)
+    if seen is not None:
+        seen[parent] = linked
+    return linked
 
 
-def _lstat_size(path: Path) -> int | None:
+def _lstat_size(path: Path, seen: dict[Path, bool] | None = None) -> int | None:
     """The size of the regular file at `path`, or None: missing, not a regular file, or reached through a link."""
     try:
         st = path.lstat()
     except (FileNotFoundError, NotADirectoryError):
         return None
-    return st.st_size if stat_mode.S_ISREG(st.st_mode) and not _linked(path) else None
+    return st.st_size if stat_mode.S_ISREG(st.st_mode) and not _linked(path, seen) else None
 
 
 def _open_object(path: Path, mode: str = "rb"):
@@ -274,7 +281,8 @@ class _StatBatch:
 
 
 def _lstat_sizes(paths: list[Path]) -> list[int | None]:
-    return [_lstat_size(p) for p in paths]
+    seen: dict[Path, bool] = {}
+    return [_lstat_size(p, seen) for p in paths]
 
 
 LOCAL_FILESYSTEMS = frozenset(
@@ -367,9 +375,10 @@ class FileBlobStore(_Base):
             return []
         if self.local:
             sizes: list[int | None | BaseException] = []
+            seen: dict[Path, bool] = {}
             for k in keys:
                 try:
-                    sizes.append(_lstat_size(self._path(k)))
+                    sizes.append(_lstat_size(self._path(k), seen))
                 except (OSError, Invalid) as e:  # that one failed; the others are answered
                     sizes.append(e)
             return sizes
