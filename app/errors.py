@@ -49,6 +49,11 @@ class TooLarge(DomainError):
     code = "too_large"
 
 
+class RequestTimeout(DomainError):
+    status_code = 408
+    code = "request_timeout"
+
+
 class RangeNotSatisfiable(DomainError):
     status_code = 416
     code = "range_not_satisfiable"

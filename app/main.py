@@ -141,6 +141,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_body=settings.max_request_body,
         max_upload=settings.max_upload_size,
         retries=settings.db_retries,
+        body_timeout=settings.body_timeout,
     )
     app.add_middleware(  # answers preflights; an empty list allows no other origin
         CORSMiddleware,
@@ -149,7 +150,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         allow_headers=["Authorization", "Content-Type", "Last-Event-ID", "X-Overtake-Client", "X-Overtake-Sha256"],
         expose_headers=["Retry-After", "Content-Range", "X-Overtake-Sha256"],
     )
-    app.add_middleware(acks.AckFastPath, max_body=settings.max_request_body)  # the hot path, before the others
+    app.add_middleware(acks.AckFastPath, max_body=settings.max_request_body, body_timeout=settings.body_timeout)  # the hot path, before the others
 
     _document_errors(app)
 

@@ -53,6 +53,13 @@ class Settings(BaseSettings):
         default=8 * 1024 * 1024,
         description="Largest accepted request body other than an upload (JSON), bytes; larger ones get a 413.",
     )
+    body_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="Seconds a request's body may go without a byte arriving: a client that stalls, or sends less "
+        "than its Content-Length says, is answered 408 then, instead of holding its request open for good.",
+    )
     db_retries: int = Field(
         default=4,
         ge=0,

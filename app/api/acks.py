@@ -17,11 +17,11 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 
 from app.api.deps import TASK, CheckpointId, CtxDep, JobId
-from app.api.guards import respond, too_large
+from app.api.guards import receive_within, respond, too_large
 from app.api.multipart import MultipartStream
 from app.db.session import TransientDatabaseError
 from app.domain import blobs, written
-from app.errors import DomainError, Invalid, error_json, invalid_from
+from app.errors import DomainError, Invalid, RequestTimeout, error_json, invalid_from
 from contract.models import (
     MAX_ID,
     AckBatch,
@@ -120,9 +120,10 @@ class AckFastPath:
     guard must see) passes on through the guards to the routes. It applies the same body limit, and answers a
     transient database failure of the token lookup with 503 (the committer retries its own transactions)."""
 
-    def __init__(self, app: Any, *, max_body: int) -> None:
+    def __init__(self, app: Any, *, max_body: int, body_timeout: float = 60.0) -> None:
         self.app = app
         self.max_body = max_body
+        self.body_timeout = body_timeout
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -138,7 +139,10 @@ class AckFastPath:
                 authorization = value.decode("latin-1")
         chunks, size = [], 0
         while True:
-            message = await receive()
+            try:
+                message = await receive_within(receive, self.body_timeout)
+            except RequestTimeout as exc:
+                return await respond(send, exc)
             if message["type"] == "http.disconnect":
                 return
             chunk = message.get("body", b"")

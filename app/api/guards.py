@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import sys
 from typing import Any
 
 from app.db.session import TransientDatabaseError
-from app.errors import DomainError, Forbidden, TooLarge, error_json
+from app.errors import DomainError, Forbidden, RequestTimeout, TooLarge, error_json
 
 log = logging.getLogger(__name__)
 STREAMED = (b"multipart/form-data", b"application/octet-stream")
@@ -41,6 +42,25 @@ def too_large(limit: int, streamed: bool) -> TooLarge:
     )
 
 
+def body_timeout(seconds: float) -> RequestTimeout:
+    return RequestTimeout(
+        f"no byte of the request body arrived for {seconds:g} s (OVERTAKE_BODY_TIMEOUT): the body is shorter than "
+        "its Content-Length, or the client stalled; nothing was changed"
+    )
+
+
+async def receive_within(receive, seconds: float) -> dict:
+    """The request's next message, or `RequestTimeout` when none came within `seconds`: a client that stalls or
+    sends less than its Content-Length would otherwise hold its request (and whatever it waits for) open for good."""
+    try:
+        if sys.version_info >= (3, 11):  # no task of its own per read, on the ack path
+            async with asyncio.timeout(seconds):
+                return await receive()
+        return await asyncio.wait_for(receive(), seconds)
+    except asyncio.TimeoutError:
+        raise body_timeout(seconds) from None
+
+
 def _header(scope, name: bytes) -> bytes | None:
     for key, value in scope["headers"]:
         if key == name:
@@ -51,11 +71,12 @@ def _header(scope, name: bytes) -> bytes | None:
 class RequestGuard:
     """ASGI middleware: body limits and bounded retries of transient database failures (see the module)."""
 
-    def __init__(self, app: Any, *, max_body: int, max_upload: int, retries: int = 4) -> None:
+    def __init__(self, app: Any, *, max_body: int, max_upload: int, retries: int = 4, body_timeout: float = 60.0) -> None:
         self.app = app
         self.max_body = max_body
         self.max_upload = max_upload
         self.retries = retries
+        self.body_timeout = body_timeout
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -80,7 +101,7 @@ class RequestGuard:
 
             async def counted() -> dict:
                 nonlocal received
-                message = await receive()
+                message = await receive_within(receive, self.body_timeout)
                 received += len(message.get("body", b""))
                 if received > limit:
                     raise refused
@@ -88,7 +109,7 @@ class RequestGuard:
 
             try:
                 return await self.app(scope, counted, tracked_send)
-            except TooLarge as refused:  # raised from a read the app does not turn into a response itself
+            except (TooLarge, RequestTimeout) as refused:  # raised from a read the app does not answer itself
                 if not started:
                     return await respond(send, refused)
                 raise
@@ -98,7 +119,10 @@ class RequestGuard:
                 raise
         body = bytearray()
         while True:
-            message = await receive()
+            try:
+                message = await receive_within(receive, self.body_timeout)
+            except RequestTimeout as exc:
+                return await respond(send, exc)
             if message["type"] == "http.disconnect":
                 return
             body += message.get("body", b"")

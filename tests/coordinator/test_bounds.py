@@ -164,3 +164,62 @@ async def test_an_ack_whose_key_group_range_is_reversed_is_refused_and_never_rea
     assert (await api.checkpoint(job["id"], 1))["num_acknowledged_subtasks"] == 0
     ok = await api.ack(job["id"], 1, "agg", 0, key_group_start=0, key_group_end=7)
     assert ok.status_code == 200, ok.text
+
+
+def _stalled(url: str, method: str, path: str, content_type: str, sent: bytes, length: int,
+             extra: str = "") -> tuple[int, dict]:
+    """Send a request whose body stops short of its Content-Length and keep the connection open; the answer."""
+    import json
+    import socket
+    from urllib.parse import urlparse
+
+    where = urlparse(url)
+    with socket.create_connection((where.hostname, where.port), timeout=30) as sock:
+        head = (f"{method} {path} HTTP/1.1\r\nHost: coordinator\r\nContent-Type: {content_type}\r\n"
+                f"Content-Length: {length}\r\n{extra}\r\n").encode()
+        sock.sendall(head + sent)
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < _length(answer):
+            chunk = sock.recv(65536)  # the socket's timeout bounds the wait: a hang fails the test
+            if not chunk:
+                break
+            answer += chunk
+    status = int(answer.split(b" ", 2)[1])
+    return status, json.loads(answer.partition(b"\r\n\r\n")[2])
+
+
+def _length(answer: bytes) -> int:
+    for line in answer.partition(b"\r\n\r\n")[0].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0
+
+
+def test_a_body_that_stops_short_of_its_length_is_answered_408_and_changes_nothing(tmp_path):
+    """A client that sends less than its Content-Length (or stalls) would hold its request open for good; after
+    OVERTAKE_BODY_TIMEOUT without a byte it is answered 408, on the ack fast path, a JSON route and an upload."""
+    import httpx
+
+    from tests.live import LiveCoordinator
+
+    with LiveCoordinator(tmp_path, {"OVERTAKE_BODY_TIMEOUT": "0.5"}) as live:
+        body = {"name": "j", "graph": {"vertices": [{"id": "a", "parallelism": 1}]}}
+        job = httpx.post(f"{live.url}/api/v1/jobs", json=body).raise_for_status().json()
+        httpx.post(f"{live.url}/api/v1/jobs/{job['id']}/attempts", json={}).raise_for_status()
+        cp = httpx.post(f"{live.url}/api/v1/jobs/{job['id']}/checkpoints", json={}).raise_for_status().json()
+        stalls = [
+            ("POST", f"/api/v1/jobs/{job['id']}/checkpoints/{cp['id']}/acks", "application/json", b'{"attempt": 1'),
+            ("POST", "/api/v1/jobs", "application/json", b'{"name": "never"'),
+            ("POST", f"/api/v1/jobs/{job['id']}/checkpoints/{cp['id']}/blobs?attempt=1&vertex=a&subtask_index=0"
+             "&kind=channel", "application/octet-stream", b"x" * 10),
+        ]
+        sha = "X-Overtake-Sha256: " + "0" * 64 + "\r\n"  # the upload's header, checked before its body is read
+        for method, path, ctype, sent in stalls:
+            status, answer = _stalled(live.url, method, path, ctype, sent, 1000, sha)
+            assert status == 408, (path, answer)
+            assert answer["error"]["code"] == "request_timeout" and "Content-Length" in answer["error"]["message"]
+        jobs = httpx.get(f"{live.url}/api/v1/jobs").json()
+        assert [j["name"] for j in jobs["items"]] == ["j"]
+        detail = httpx.get(f"{live.url}/api/v1/jobs/{job['id']}/checkpoints/{cp['id']}").json()
+        assert detail["num_acknowledged_subtasks"] == 0 and detail["status"] == "PENDING"
