@@ -117,8 +117,9 @@ async def _submit_written(state: Any, job_id: int, checkpoint_id: int, acks: lis
 class AckFastPath:
     """ASGI middleware, the outermost of the app's own: POSTs to the two ack routes from clients that are not
     browsers go straight to their handlers; everything else (browsers' requests included, which the cross-origin
-    guard must see) passes on through the guards to the routes. It applies the same body limit, and answers a
-    transient database failure of the token lookup with 503 (the committer retries its own transactions)."""
+    guard must see) passes on through the guards to the routes. It applies the same body limit and body timeout
+    (408 for a body that stalls), and answers a transient database failure of the token lookup with 503 (the
+    committer retries its own transactions)."""
 
     def __init__(self, app: Any, *, max_body: int, body_timeout: float = 60.0) -> None:
         self.app = app
