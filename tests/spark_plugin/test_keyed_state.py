@@ -47,3 +47,34 @@ def test_restore_keeps_only_the_key_groups_of_the_new_range():
     merged = dict(left.items()) | dict(right.items())
     assert merged == {k: k * 10 for k in range(200)}
     assert not set(dict(left.items())) & set(dict(right.items()))
+
+
+def _fresh(text: str) -> str:
+    """An equal string that is another object than ``text`` (as one parsed from another record would be)."""
+    return text.encode("utf-8").decode("utf-8")
+
+
+def test_equal_keys_share_a_key_group_whether_or_not_their_parts_are_one_object():
+    user = "user-17"
+    other = _fresh(user)
+    assert other == user and other is not user
+    tag = ("eu", "west-1")
+    same = [
+        ((user, user), (user, other)),
+        ((user, (user, 3)), (user, (other, 3))),
+        ((tag, tag), (tag, ("eu", _fresh("west-1")))),
+        ((b"kk-1", b"kk-1"[:]), (b"kk-1", bytes(bytearray(b"kk-1")))),
+        ((b"k", b"k", user), (b"k", bytes(bytearray(b"k")), other)),  # one byte: usually one object, not here
+    ]
+    for shared, distinct in same:
+        assert shared == distinct
+        assert stable_hash(shared) == stable_hash(distinct), (shared, distinct)
+    # a key whose parts are all distinct objects keeps the key group it always had
+    assert stable_hash((user, other)) == stable_hash(("user-17", "user-18"[:6] + "7"))
+
+
+def test_a_keyed_state_counts_equal_tuple_keys_as_one_key():
+    state = KeyedState(128, (0, 127))
+    user = "user-17"
+    state.put((user, user), 1)
+    assert state.get((user, _fresh(user))) == 1
