@@ -78,3 +78,28 @@ def test_a_keyed_state_counts_equal_tuple_keys_as_one_key():
     user = "user-17"
     state.put((user, user), 1)
     assert state.get((user, _fresh(user))) == 1
+
+
+def test_equal_frozenset_keys_share_a_key_group_whatever_order_their_items_came_in():
+    words = [f"user-{i}" for i in range(30)]
+    for i in range(len(words) - 2):
+        a, b, c = words[i : i + 3]
+        assert stable_hash(frozenset([a, b, c])) == stable_hash(frozenset([c, b, a]))
+        assert stable_hash((frozenset([a, b]), c)) == stable_hash((frozenset([b, a]), c))
+    shrunk = set(range(1000))
+    shrunk -= set(range(995))  # the same items in a larger table, so in another iteration order
+    assert stable_hash(frozenset(shrunk)) == stable_hash(frozenset(range(995, 1000)))
+
+
+def test_frozenset_keys_hash_alike_in_processes_with_different_hash_salts():
+    code = (
+        "from contract.keygroups import key_group; "
+        "print(key_group(frozenset(['alice', 'bob', 'carol', 'dave']), 128))"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True, text=True
+        ).stdout
+        for seed in ("1", "2", "3", "4")
+    }
+    assert len(outs) == 1 and outs.pop().strip().isdigit()

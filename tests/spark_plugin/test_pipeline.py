@@ -213,3 +213,26 @@ def test_equal_tuple_keys_are_one_key_however_their_parts_were_built(parallelism
     src = SequenceSource(count=300, keys=3)
     src.open(0, 1)
     assert final == dict(Counter((f"user-{src.key_of(s)}",) * 2 for s in range(300)))
+
+
+def _conversation(record):
+    """``(frozenset of two users, seq)``, the users added in either order."""
+    users = [f"user-{record[0]}", f"user-{record[0] + 100}", f"user-{record[0] + 200}"]
+    return (frozenset(users if record[1] % 2 else users[::-1]), record[1])
+
+
+def test_equal_frozenset_keys_are_one_key_whatever_order_their_items_came_in():
+    p = Pipeline("conversations", parallelism=2)
+    (
+        p.source(SequenceSource(count=300, keys=3), id="src")
+        .map(_conversation, id="conversation")
+        .key_by(lambda r: r[0])
+        .aggregate(lambda: 0, lambda n, _r: n + 1, id="count")
+        .sink(CollectSink(), id="out")
+    )
+    final: dict[frozenset, int] = {}
+    for key, n in run_threads(p)["out"]:
+        final[key] = max(final.get(key, 0), n)
+    src = SequenceSource(count=300, keys=3)
+    src.open(0, 1)
+    assert final == dict(Counter(_conversation((src.key_of(s), s))[0] for s in range(300)))
