@@ -5,13 +5,23 @@ The one definition of the split, shared by the coordinator (restore plans) and t
 
 from __future__ import annotations
 
+import io
 import pickle
 import zlib
 from typing import Any
 
 
 def stable_hash(key: Any) -> int:
-    """A hash of ``key`` that is the same in every process (Python's ``hash`` of str is salted per process)."""
+    """A hash of ``key`` that is the same in every process (Python's ``hash`` of str is salted per process).
+
+    Other keys hash by their pickle, which refers back to an object met before instead of writing it again: a
+    tuple key whose parts are one object, ``(user, user)``, would pickle otherwise than the equal key built from
+    two equal strings, and the two would fall into different key groups (two keys in the state, on two subtasks).
+    A tuple that holds an object twice is therefore pickled as if each of its strings, bytes and tuples were an
+    object of its own, which is what an equal key without repeated objects pickles to anyway; an empty or
+    one-character str or bytes, which Python usually keeps one object of, is referred back to by its value. A
+    frozenset pickles its items in its iteration order, which depends on the order they were added in and on the
+    process's str hashes: its items are written in one order, sorted by their own pickles."""
     if isinstance(key, bool):
         return int(key)
     if isinstance(key, int):
@@ -20,7 +30,83 @@ def stable_hash(key: Any) -> int:
         return zlib.crc32(key.encode("utf-8"))
     if isinstance(key, bytes):
         return zlib.crc32(key)
+    if isinstance(key, frozenset) or (isinstance(key, tuple) and _pickle_varies(key)):
+        return zlib.crc32(_pickle_unshared(key))
     return zlib.crc32(pickle.dumps(key, protocol=4))
+
+
+def _by_value(part: Any) -> bool:
+    """An empty or one-character str or bytes: values CPython usually keeps a single object of."""
+    kind = type(part)
+    return (kind is str or kind is bytes) and len(part) < 2
+
+
+def _pickle_varies(key: tuple) -> bool:
+    """Whether ``key`` or a tuple nested in it holds an object twice, a :func:`_by_value` value twice, or a
+    frozenset: whether its pickle may differ from an equal key's."""
+    seen: set[Any] = set()
+    stack = [key]
+    while stack:
+        for part in stack.pop():
+            kind = type(part)
+            if kind is str or kind is bytes:
+                mark = part if len(part) < 2 else id(part)
+            elif isinstance(part, (int, float, type(None))):
+                continue  # written in place every time (bool is an int), never referred back to
+            elif isinstance(part, tuple):
+                if not part:
+                    continue  # the empty tuple too
+                mark = id(part)
+                stack.append(part)
+            elif isinstance(part, frozenset):
+                return True
+            else:
+                mark = id(part)
+            if mark in seen:
+                return True
+            seen.add(mark)
+    return False
+
+
+class _UnsharedPickler(pickle._Pickler):  # the Python pickler: its memo can be told what to refer back to
+    """Writes every str, bytes, tuple and frozenset anew where it occurs again, as if it were another, equal object,
+    except the :func:`_by_value` ones, referred back to by value, and a frozenset's items sorted by their pickles;
+    everything else (classes) as ``pickle.dumps`` does."""
+
+    dispatch = dict(pickle._Pickler.dispatch)
+
+    def _save_frozenset(self, obj: frozenset) -> None:
+        self.write(pickle.MARK)
+        for item in sorted(obj, key=lambda item: _pickle_unshared((item,))):
+            self.save(item)
+        self.write(pickle.FROZENSET)
+        self.memoize(obj)
+
+    dispatch[frozenset] = _save_frozenset
+
+    def save(self, obj: Any, save_persistent_id: bool = True) -> None:
+        if _by_value(obj):
+            met = self.memo.get((type(obj), obj))  # type: ignore[call-overload] - values are keys here too
+            if met is not None:
+                self.framer.commit_frame()
+                self.write(self.get(met[0]))
+                return
+        super().save(obj, save_persistent_id)
+
+    def memoize(self, obj: Any) -> None:
+        if self.fast or not isinstance(obj, (str, bytes, tuple, frozenset)):
+            super().memoize(obj)
+            return
+        index = len(self.memo)
+        self.write(self.put(index))
+        mark = (type(obj), obj) if _by_value(obj) else ("unshared", index)
+        self.memo[mark] = index, obj  # type: ignore[index] - never looked up by an id
+
+
+def _pickle_unshared(key: tuple | frozenset) -> bytes:
+    out = io.BytesIO()
+    _UnsharedPickler(out, protocol=4).dump(key)
+    return out.getvalue()
 
 
 def _mix(h: int) -> int:

@@ -189,3 +189,50 @@ def test_rebalance_spreads_records_over_all_subtasks():
     results = ThreadedRun(p, coord.reporter, coord.events).start().join(60)
     per_subtask = [len(r.outputs["out"]["records"]) for r in results if r.vertex == "m"]
     assert per_subtask == [30, 30, 30]
+
+
+def _self_pair(record):
+    """``((user, user), seq)``: even records build the pair from one string, odd ones from two equal strings."""
+    user = f"user-{record[0]}"
+    return ((user, user if record[1] % 2 == 0 else f"user-{record[0]}"), record[1])
+
+
+@pytest.mark.parametrize("parallelism", [1, 2])
+def test_equal_tuple_keys_are_one_key_however_their_parts_were_built(parallelism):
+    p = Pipeline("pairs", parallelism=parallelism)
+    (
+        p.source(SequenceSource(count=300, keys=3), id="src")
+        .map(_self_pair, id="pair")
+        .key_by(lambda r: r[0])
+        .aggregate(lambda: 0, lambda n, _r: n + 1, id="count")
+        .sink(CollectSink(), id="out")
+    )
+    final: dict[tuple, int] = {}
+    for key, n in run_threads(p)["out"]:
+        final[key] = max(final.get(key, 0), n)
+    src = SequenceSource(count=300, keys=3)
+    src.open(0, 1)
+    assert final == dict(Counter((f"user-{src.key_of(s)}",) * 2 for s in range(300)))
+
+
+def _conversation(record):
+    """``(frozenset of two users, seq)``, the users added in either order."""
+    users = [f"user-{record[0]}", f"user-{record[0] + 100}", f"user-{record[0] + 200}"]
+    return (frozenset(users if record[1] % 2 else users[::-1]), record[1])
+
+
+def test_equal_frozenset_keys_are_one_key_whatever_order_their_items_came_in():
+    p = Pipeline("conversations", parallelism=2)
+    (
+        p.source(SequenceSource(count=300, keys=3), id="src")
+        .map(_conversation, id="conversation")
+        .key_by(lambda r: r[0])
+        .aggregate(lambda: 0, lambda n, _r: n + 1, id="count")
+        .sink(CollectSink(), id="out")
+    )
+    final: dict[frozenset, int] = {}
+    for key, n in run_threads(p)["out"]:
+        final[key] = max(final.get(key, 0), n)
+    src = SequenceSource(count=300, keys=3)
+    src.open(0, 1)
+    assert final == dict(Counter(_conversation((src.key_of(s), s))[0] for s in range(300)))
