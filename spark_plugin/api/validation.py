@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyspark import cloudpickle
 
-from contract.models import NAME_RE
+from contract.models import MAX_PARALLELISM, NAME_RE
 from spark_plugin.api import operators as ops
 from spark_plugin.api.errors import PipelineError
 from spark_plugin.api.graph import Node
@@ -26,14 +26,24 @@ def validate(name: str, parallelism: int, max_parallelism: int, nodes: list[Node
     parallelism (the pipeline's default where none was given)."""
     if not nodes:
         raise PipelineError(f"pipeline {name!r} has no operators; start with pipeline.source(...)")
-    if not isinstance(max_parallelism, int) or max_parallelism < 1:
+    if not isinstance(max_parallelism, int) or isinstance(max_parallelism, bool) or max_parallelism < 1:
         raise PipelineError(f"pipeline {name!r}: max_parallelism {max_parallelism!r} must be a positive integer")
+    if max_parallelism > MAX_PARALLELISM:
+        raise PipelineError(
+            f"pipeline {name!r}: max_parallelism {max_parallelism} is more key groups than the coordinator takes "
+            f"(at most {MAX_PARALLELISM})"
+        )
     seen: set[str] = set()
     for node in nodes:
         op = node.op
         if not isinstance(op.id, str) or not NAME_RE.match(op.id):
             raise PipelineError(
                 f"operator id {op.id!r} must be 1-128 characters of letters, digits, '_', '.', '-'"
+            )
+        if op.id.startswith("."):
+            raise PipelineError(
+                f"operator id {op.id!r} must not start with '.': each subtask names its state object in the blob "
+                f"store after it ({op.id}-<index>-a<attempt>.state), and the store takes no name that starts with a dot"
             )
         if op.id in seen:
             raise PipelineError(f"operator id {op.id!r} is used twice; give each operator its own id")

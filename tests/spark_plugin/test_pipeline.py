@@ -77,6 +77,22 @@ def test_invalid_operator_id_is_refused():
         p.plan()
 
 
+def test_an_operator_id_that_starts_with_a_dot_is_refused_before_any_state_is_written():
+    """Each subtask names its state object after its operator; the blob store takes no name starting with a dot,
+    so every ack of such an operator would be refused at run time."""
+    p = Pipeline("bad")
+    p.source(SequenceSource(count=1), id=".hidden").sink(DiscardSink())
+    with pytest.raises(PipelineError, match=r"'\.hidden' must not start with '\.'"):
+        p.plan()
+
+
+def test_a_max_parallelism_beyond_the_coordinators_key_groups_is_a_pipeline_error():
+    p = Pipeline("bad", max_parallelism=10**6)
+    p.source(SequenceSource(count=1), id="src").sink(DiscardSink())
+    with pytest.raises(PipelineError, match="max_parallelism 1000000 is more key groups than the coordinator takes"):
+        p.plan()
+
+
 # ------------------------------------------------------------------------------------------------ chaining
 
 
