@@ -134,7 +134,9 @@ class BlobStore(Protocol):
     url: str
     presigned: bool  # its write targets and read URLs are presigned (they expire)
 
-    async def stage(self, chunks: AsyncIterator[bytes], expected_sha256: str, max_size: int) -> Staged: ...
+    async def stage(
+        self, chunks: AsyncIterator[bytes], expected_sha256: str, max_size: int, said_by: str = "X-Overtake-Sha256"
+    ) -> Staged: ...
     async def commit(self, staged: Staged, key: str) -> None: ...
     async def size(self, key: str) -> int | None:
         """The size of the object (a regular file, not a directory or a link), or None if there is none; a stat
@@ -171,12 +173,14 @@ class _Base:
         return list(await asyncio.gather(*(self.size(k) for k in keys), return_exceptions=True))
     presigned = False
 
-    async def stage(self, chunks: AsyncIterator[bytes], expected_sha256: str, max_size: int) -> Staged:
+    async def stage(
+        self, chunks: AsyncIterator[bytes], expected_sha256: str, max_size: int, said_by: str = "X-Overtake-Sha256"
+    ) -> Staged:
+        """Stage an upload, checked against `expected_sha256`; `said_by`: where that digest came from, for the
+        messages (the upload's header, or the report of `acks/with-state`)."""
         expected = expected_sha256.lower()
         if not re.fullmatch(r"[0-9a-f]{64}", expected):
-            raise Invalid(
-                f"X-Overtake-Sha256 {expected_sha256!r} is not a hex sha256 digest (64 hex characters)"
-            )
+            raise Invalid(f"{said_by} {expected_sha256!r} is not a hex sha256 digest (64 hex characters)")
         self.staging_dir.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(dir=self.staging_dir, prefix="upload-")
         path = Path(name)
@@ -198,7 +202,7 @@ class _Base:
             actual = digest.hexdigest()
             if actual != expected:
                 raise Invalid(
-                    f"the upload's sha256 is {actual} but X-Overtake-Sha256 says {expected}; "
+                    f"the upload's sha256 is {actual} but {said_by} says {expected}; "
                     "the body was changed or cut in transit; nothing was stored, upload again"
                 )
             return Staged(path, size, actual)

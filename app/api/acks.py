@@ -317,5 +317,7 @@ async def _store_report(ctx, stream: MultipartStream, job_id: int, checkpoint_id
         digest = getattr(report, f"{kind}_state")
         body = _blob_part(stream, kind, digest.size, ctx.settings.max_blob_size, declared, i == len(declared) - 1)
         parts.append((kind, digest.sha256, body))
-    stored = await blobs.store(ctx, job_id, checkpoint_id, report.attempt, report.vertex, report.subtask_index, parts)
+    stored = await blobs.store(
+        ctx, job_id, checkpoint_id, report.attempt, report.vertex, report.subtask_index, parts, from_report=True
+    )
     return report, stored

@@ -116,11 +116,13 @@ async def store(
     vertex: str,
     index: int,
     parts: list[tuple[Kind, str, AsyncIterator[bytes]]],
+    from_report: bool = False,
 ) -> list[tuple[BlobInfo, bool]]:
     """Store one subtask's blobs of a checkpoint (at most one per kind) together: one read to check the
     checkpoint and the slot, each part staged and verified against its sha256, the new ones moved into the
     store in parallel, and one transaction recording them all. Returns (info, created) per part, in order.
 
+    `from_report`: the digests come from an `acks/with-state` report (the messages say so), not the header.
     All or nothing: a part that fails its check, or conflicts with a blob stored before, stores none of them.
     The same parts again (a retry) return the stored blobs with created=False and change nothing.
     """
@@ -138,8 +140,9 @@ async def store(
         belongs_to_attempt(attempt, cp.attempt, f"checkpoint {cp_id}", "this upload")
     staged: list[Staged] = []
     try:
-        for _, sha256, body in parts:
-            staged.append(await ctx.store.stage(body, sha256, ctx.settings.max_blob_size))
+        for kind, sha256, body in parts:
+            said_by = f"the report's {kind}_state.sha256" if from_report else "X-Overtake-Sha256"
+            staged.append(await ctx.store.stage(body, sha256, ctx.settings.max_blob_size, said_by))
         answers: list[tuple[BlobInfo, bool] | None] = []
         for kind, st in zip(kinds, staged, strict=True):
             answers.append(

@@ -88,7 +88,8 @@ async def test_bad_reports_are_4xx_that_say_what_is_wrong_and_store_nothing(api)
     op = b"operator state"
     cases = [
         # a part whose bytes do not match the report's sha256
-        (dict(operator=op, operator_state={"sha256": "0" * 64, "size": len(op)}), 422, "sha256"),
+        (dict(operator=op, operator_state={"sha256": "0" * 64, "size": len(op)}), 422,
+         "but the report's operator_state.sha256 says 0000"),
         # sizes that disagree
         (dict(operator=op, operator_state={"sha256": digest(op)["sha256"], "size": 3}), 422, "declares 3"),
         # a declared blob that was not sent
