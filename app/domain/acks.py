@@ -35,7 +35,7 @@ from app.domain.jobs import token_refusal
 from app.domain.lifecycle import COMPLETED, PENDING, Prior, SubtaskRequest, Verdict, belongs_to_attempt
 from app.errors import Conflict, DomainError, Invalid, NotFound, Unauthorized
 from app.observability import ACK_BATCH, ACK_COMMIT_SECONDS, ACKS
-from contract.models import AckResult, CheckpointStatus, SubtaskAck
+from contract.models import MAX_PARALLELISM, AckResult, CheckpointStatus, SubtaskAck
 
 log = logging.getLogger(__name__)
 LINGER = 0.003  # seconds an ack batch waits at most for acks that are arriving
@@ -139,6 +139,7 @@ class AckCommitter(BackgroundWorker):
         self.max_batch = ctx.settings.ack_batch_max
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._graphs: dict[tuple[int, int | None], dict[str, int]] = {}
+        self._key_groups: dict[tuple[int, int | None], dict[str, int]] = {}  # vertex -> max_parallelism
         self._subtasks: dict[int, int] = {}  # job -> its subtasks, as last seen (a hint: a rescale changes it)
         self._recorded: dict[tuple[int, int], int] = {}  # (job, checkpoint) -> acks this committer recorded for it
         insert = sqlite_insert if ctx.db.is_sqlite else pg_insert
@@ -291,12 +292,13 @@ class AckCommitter(BackgroundWorker):
                     it.result = Unauthorized(refusal)
             items = admitted
             graph = await self._graph(s, job_id, locked[0])
+            key_groups = self._key_groups[(job_id, locked[0])]
             by_cp: dict[int, list[_Item]] = defaultdict(list)
             for it in items:
                 by_cp[it.checkpoint_id].append(it)
             self._subtasks[job_id] = sum(graph.values())
             for cp_id, cp_items in by_cp.items():
-                await self._apply_checkpoint(s, job_id, graph, cp_id, cp_items, facts, preloaded)
+                await self._apply_checkpoint(s, job_id, graph, cp_id, cp_items, facts, preloaded, key_groups)
 
     def _likely_completes(self, job_id: int, items: list[_Item]) -> bool:
         """Whether the batch's acks, with those this committer recorded for the checkpoint before, cover every
@@ -311,12 +313,16 @@ class AckCommitter(BackgroundWorker):
     async def _graph(self, s: AsyncSession, job_id: int, attempt: int | None) -> dict[str, int]:
         """vertex -> parallelism. A job's graph changes only when an attempt rescales it, so it is cached per attempt."""
         graph = self._graphs.get((job_id, attempt))
-        if graph is None:
+        if graph is None or (job_id, attempt) not in self._key_groups:
             job = await s.get(JobRow, job_id)
             graph = {v["id"]: v["parallelism"] for v in job.graph["vertices"]}
             if len(self._graphs) > 10_000:
                 self._graphs.clear()
+                self._key_groups.clear()
             self._graphs[(job_id, attempt)] = graph
+            self._key_groups[(job_id, attempt)] = {
+                v["id"]: v.get("max_parallelism") or MAX_PARALLELISM for v in job.graph["vertices"]
+            }
         return graph
 
     async def _apply_checkpoint(
@@ -328,6 +334,7 @@ class AckCommitter(BackgroundWorker):
         items: list[_Item],
         facts_read: tuple | None = None,
         preloaded: tuple | None = None,
+        key_groups: dict[str, int] | None = None,
     ) -> None:
         """`facts_read`: the checkpoint's facts read with the job and checkpoint row locks; `preloaded`: the rows
         completing needs, read with the locks (`_LOCK_COMPLETING`), when the batch was expected to complete the
@@ -368,6 +375,8 @@ class AckCommitter(BackgroundWorker):
             key = (a.vertex, a.subtask_index)
             try:
                 check_parallelism(job_id, graph, a.vertex, a.subtask_index)
+                if key_groups is not None:
+                    _check_key_groups(a, key_groups[a.vertex])
                 if key in candidates:
                     repeats.append(it)
                     continue
@@ -543,6 +552,16 @@ class AckCommitter(BackgroundWorker):
                     f"{kind} blob {ref.blob_id} is stored with sha256 {b.sha256} and size {b.size}; "
                     f"the ack says {ref.sha256} and {ref.size}"
                 )
+
+
+def _check_key_groups(a: SubtaskAck, max_parallelism: int) -> None:
+    """422 unless the key groups an ack says its state holds are among its vertex's (`max_parallelism` of them): a
+    restore plan hands them to the subtasks that restore it."""
+    if a.key_group_end is not None and a.key_group_end >= max_parallelism:
+        raise Invalid(
+            f"subtask {a.vertex}[{a.subtask_index}] acks key groups {a.key_group_start}..{a.key_group_end}, but vertex "
+            f"{a.vertex!r} has {max_parallelism} key groups (0..{max_parallelism - 1}); nothing was recorded"
+        )
 
 
 def _add_acks(cp: CheckpointRow, p: dict) -> None:

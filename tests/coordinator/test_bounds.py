@@ -166,6 +166,25 @@ async def test_an_ack_whose_key_group_range_is_reversed_is_refused_and_never_rea
     assert ok.status_code == 200, ok.text
 
 
+async def test_an_ack_of_key_groups_its_vertex_does_not_have_is_refused_alone_in_its_batch(api):
+    """The job's `agg` has 16 key groups (max_parallelism): state said to hold groups 100..200 could never be
+    restored to a subtask; it is a 422 naming both, and the batch's other acks are recorded."""
+    job = await api.job()
+    await api.trigger(job["id"])
+    r = await api.ack(job["id"], 1, "agg", 0, key_group_start=100, key_group_end=200)
+    assert r.status_code == 422, r.text
+    assert "key groups 100..200" in r.json()["error"]["message"] and "16 key groups" in r.json()["error"]["message"]
+    assert (await api.checkpoint(job["id"], 1))["num_acknowledged_subtasks"] == 0
+    batch = {"acks": [
+        {"attempt": 1, "vertex": "agg", "subtask_index": 0, "key_group_start": 0, "key_group_end": 16},
+        {"attempt": 1, "vertex": "agg", "subtask_index": 1, "key_group_start": 8, "key_group_end": 15},
+    ]}
+    r = await api.client.post(f"/api/v1/jobs/{job['id']}/checkpoints/1/acks/batch", json=batch)
+    assert r.status_code == 200, r.text
+    assert [(i["ok"], i["status_code"]) for i in r.json()["items"]] == [(False, 422), (True, 200)]
+    assert (await api.checkpoint(job["id"], 1))["num_acknowledged_subtasks"] == 1
+
+
 def _stalled(url: str, method: str, path: str, content_type: str, sent: bytes, length: int,
              extra: str = "") -> tuple[int, dict]:
     """Send a request whose body stops short of its Content-Length and keep the connection open; the answer."""
