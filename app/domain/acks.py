@@ -313,7 +313,7 @@ class AckCommitter(BackgroundWorker):
     async def _graph(self, s: AsyncSession, job_id: int, attempt: int | None) -> dict[str, int]:
         """vertex -> parallelism. A job's graph changes only when an attempt rescales it, so it is cached per attempt."""
         graph = self._graphs.get((job_id, attempt))
-        if graph is None or (job_id, attempt) not in self._key_groups:
+        if graph is None:  # the vertices' key groups are cached with it
             job = await s.get(JobRow, job_id)
             graph = {v["id"]: v["parallelism"] for v in job.graph["vertices"]}
             if len(self._graphs) > 10_000:

@@ -213,22 +213,29 @@ def _self_pair(record):
     return ((user, user if record[1] % 2 == 0 else f"user-{record[0]}"), record[1])
 
 
-@pytest.mark.parametrize("parallelism", [1, 2])
-def test_equal_tuple_keys_are_one_key_however_their_parts_were_built(parallelism):
-    p = Pipeline("pairs", parallelism=parallelism)
+def _final_counts(parallelism: int, to_keyed) -> tuple[dict, list]:
+    """300 sequence records mapped by ``to_keyed`` to ``(key, seq)`` and counted per key: each key's last count,
+    and the source's key of each record (to build what the counts must be)."""
+    p = Pipeline("keys", parallelism=parallelism)
     (
         p.source(SequenceSource(count=300, keys=3), id="src")
-        .map(_self_pair, id="pair")
+        .map(to_keyed, id="keyed")
         .key_by(lambda r: r[0])
         .aggregate(lambda: 0, lambda n, _r: n + 1, id="count")
         .sink(CollectSink(), id="out")
     )
-    final: dict[tuple, int] = {}
+    final: dict = {}
     for key, n in run_threads(p)["out"]:
         final[key] = max(final.get(key, 0), n)
     src = SequenceSource(count=300, keys=3)
     src.open(0, 1)
-    assert final == dict(Counter((f"user-{src.key_of(s)}",) * 2 for s in range(300)))
+    return final, [src.key_of(s) for s in range(300)]
+
+
+@pytest.mark.parametrize("parallelism", [1, 2])
+def test_equal_tuple_keys_are_one_key_however_their_parts_were_built(parallelism):
+    final, keys = _final_counts(parallelism, _self_pair)
+    assert final == dict(Counter((f"user-{k}",) * 2 for k in keys))
 
 
 def _conversation(record):
@@ -238,17 +245,5 @@ def _conversation(record):
 
 
 def test_equal_frozenset_keys_are_one_key_whatever_order_their_items_came_in():
-    p = Pipeline("conversations", parallelism=2)
-    (
-        p.source(SequenceSource(count=300, keys=3), id="src")
-        .map(_conversation, id="conversation")
-        .key_by(lambda r: r[0])
-        .aggregate(lambda: 0, lambda n, _r: n + 1, id="count")
-        .sink(CollectSink(), id="out")
-    )
-    final: dict[frozenset, int] = {}
-    for key, n in run_threads(p)["out"]:
-        final[key] = max(final.get(key, 0), n)
-    src = SequenceSource(count=300, keys=3)
-    src.open(0, 1)
-    assert final == dict(Counter(_conversation((src.key_of(s), s))[0] for s in range(300)))
+    final, keys = _final_counts(2, _conversation)
+    assert final == dict(Counter(_conversation((k, s))[0] for s, k in enumerate(keys)))
