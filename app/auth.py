@@ -55,15 +55,19 @@ class Auth:
                 raise Forbidden("a task token cannot use management routes; use the admin token")
             raise Unauthorized("the token is not valid for this coordinator")
 
-    async def require_job(self, request: Request, job_id: int) -> None:
-        """Admin token, or the task token of this job's current attempt."""
-        if self.enabled:
-            attempt = await self.require_job_header(request.headers.get("authorization"), job_id)
-            if attempt is not None:
-                async with self.ctx.tx(readonly=True) as s:
-                    refusal = await check_token_attempt(s, job_id, attempt)
-                if refusal is not None:
-                    raise Unauthorized(refusal)
+    async def require_job(self, request: Request, job_id: int) -> int | None:
+        """Admin token, or the task token of this job's current attempt: returns that attempt (None for the admin
+        token, or without auth). A route that changes the job checks it again under the job row lock
+        (`jobs.lock_job_as`): the attempt may end between this check and the route's transaction."""
+        if not self.enabled:
+            return None
+        attempt = await self.require_job_header(request.headers.get("authorization"), job_id)
+        if attempt is not None:
+            async with self.ctx.tx(readonly=True) as s:
+                refusal = await check_token_attempt(s, job_id, attempt)
+            if refusal is not None:
+                raise Unauthorized(refusal)
+        return attempt
 
     async def require_job_header(self, authorization: str | None, job_id: int) -> int | None:
         """As `require_job`, from the raw Authorization header, without checking that the token's attempt is still

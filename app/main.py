@@ -239,7 +239,8 @@ def _route_security(app: FastAPI) -> dict[str, list[dict]]:
     for route in (r for router in ROUTERS for r in router.routes):
         if not isinstance(route, APIRoute):
             continue
-        deps = {d.dependency for d in route.dependencies}
+        # the route's dependencies, whether declared on the decorator or as a parameter (`TokenAttempt`)
+        deps = {d.call for d in route.dependant.dependencies}
         if admin_only in deps:
             out[route.name] = [{"adminToken": []}]
         elif job_access in deps or route.name in ("ack", "ack_batch"):  # the ack routes check tokens themselves

@@ -6,11 +6,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from app.api.deps import TASK, CheckpointId, CtxDep, JobId, Offset
+from app.api.deps import TASK, CheckpointId, CtxDep, JobId, Offset, TokenAttempt
 from app.domain import views
 from app.domain.checkpoints import trigger
 from app.domain.context import get_job_or_404, now_ms
 from app.domain.external import record_external
+from app.domain.jobs import lock_job_as
 from app.domain.restore import build_plan, select_checkpoint
 from contract.models import (
     MAX_ID,
@@ -29,24 +30,28 @@ from contract.models import (
 router = APIRouter(prefix="/api/v1/jobs/{job_id}", tags=["checkpoints"])
 
 
-@router.post("/checkpoints", status_code=201, dependencies=TASK, response_model=Checkpoint)
-async def trigger_checkpoint(job_id: JobId, ctx: CtxDep, body: TriggerRequest | None = None) -> Checkpoint:
+@router.post("/checkpoints", status_code=201, response_model=Checkpoint)
+async def trigger_checkpoint(
+    job_id: JobId, ctx: CtxDep, token_attempt: TokenAttempt, body: TriggerRequest | None = None
+) -> Checkpoint:
     """Trigger a checkpoint now. 409 says why when max_concurrent, min_pause or the job's state refuse it."""
     body = body or TriggerRequest()
     async with ctx.tx() as s:
-        job = await get_job_or_404(s, job_id, lock=True)
+        job = await lock_job_as(s, job_id, token_attempt)
         cp = await trigger(
             s, job, now_ms(), policy=body.policy, targets=ctx.write_target, backpressure=ctx.backpressure
         )
         return views.checkpoint_model(cp)
 
 
-@router.post("/savepoints", status_code=201, dependencies=TASK, response_model=Checkpoint)
-async def trigger_savepoint(job_id: JobId, ctx: CtxDep, body: SavepointRequest | None = None) -> Checkpoint:
+@router.post("/savepoints", status_code=201, response_model=Checkpoint)
+async def trigger_savepoint(
+    job_id: JobId, ctx: CtxDep, token_attempt: TokenAttempt, body: SavepointRequest | None = None
+) -> Checkpoint:
     """Trigger a savepoint: always aligned, never subsumed or collected. With stop=true the job ends when it completes."""
     body = body or SavepointRequest()
     async with ctx.tx() as s:
-        job = await get_job_or_404(s, job_id, lock=True)
+        job = await lock_job_as(s, job_id, token_attempt)
         cp = await trigger(s, job, now_ms(), savepoint=True, stop=body.stop, targets=ctx.write_target)
         return views.checkpoint_model(cp)
 
@@ -54,14 +59,15 @@ async def trigger_savepoint(job_id: JobId, ctx: CtxDep, body: SavepointRequest |
 @router.post(
     "/checkpoints/external",
     status_code=201,
-    dependencies=TASK,
     response_model=Checkpoint,
     responses={200: {"model": Checkpoint, "description": "The same report was recorded before; nothing changed."}},
 )
-async def report_checkpoint(job_id: JobId, body: ExternalCheckpoint, ctx: CtxDep, response: Response) -> Checkpoint:
+async def report_checkpoint(
+    job_id: JobId, body: ExternalCheckpoint, ctx: CtxDep, response: Response, token_attempt: TokenAttempt
+) -> Checkpoint:
     """Record a checkpoint the engine completed on its own (a Structured Streaming micro-batch, keyed by batch id)."""
     async with ctx.tx() as s:
-        job = await get_job_or_404(s, job_id, lock=True)
+        job = await lock_job_as(s, job_id, token_attempt)
         cp, created = await record_external(s, job, body)
         response.status_code = 201 if created else 200
         return views.checkpoint_model(cp)

@@ -28,8 +28,9 @@ async def admin_only(request: Request) -> None:
     await request.app.state.auth.require_admin(request)
 
 
-async def job_access(request: Request, job_id: Annotated[int, Path(ge=1, le=MAX_ID)]) -> None:
-    await request.app.state.auth.require_job(request, job_id)
+async def job_access(request: Request, job_id: Annotated[int, Path(ge=1, le=MAX_ID)]) -> int | None:
+    """The admin token, or the task token of the job's current attempt: that attempt (None: admin, or no auth)."""
+    return await request.app.state.auth.require_job(request, job_id)
 
 
 CtxDep = Annotated[Context, Depends(get_ctx)]
@@ -38,5 +39,8 @@ JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="Job id")]
 CheckpointId = Annotated[int, Path(ge=0, le=MAX_ID, description="Checkpoint id")]
 BlobId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$", description="A blob id the coordinator issued")]
 Offset = Annotated[int, Query(ge=0, le=MAX_ID)]
+TokenAttempt = Annotated[int | None, Depends(job_access)]
+"""For a route that changes the job: it needs the job's access (as `TASK`), and checks the token's attempt again under
+the job row lock (`app.domain.jobs.lock_job_as`)."""
 ADMIN = [Depends(admin_only)]
 TASK = [Depends(job_access)]

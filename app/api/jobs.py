@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 
-from app.api.deps import ADMIN, TASK, CtxDep, JobId, Offset
+from app.api.deps import ADMIN, TASK, CtxDep, JobId, Offset, TokenAttempt
 from app.domain import jobs, views
 from app.domain.context import get_job_or_404
 from contract.models import (
@@ -62,11 +62,11 @@ async def cancel_job(job_id: JobId, ctx: CtxDep) -> Job:
         return await views.job_view(s, job)
 
 
-@router.post("/{job_id}/finish", dependencies=TASK, response_model=Job)
-async def finish_job(job_id: JobId, body: JobFinish, ctx: CtxDep) -> Job:
+@router.post("/{job_id}/finish", response_model=Job)
+async def finish_job(job_id: JobId, body: JobFinish, ctx: CtxDep, token_attempt: TokenAttempt) -> Job:
     """Mark a job FINISHED or FAILED (with a message), as its runtime reports."""
     async with ctx.tx() as s:
-        job = await jobs.finish_job(s, job_id, body)
+        job = await jobs.finish_job(s, job_id, body, token_attempt)
         return await views.job_view(s, job)
 
 

@@ -15,7 +15,7 @@ from app.domain.context import Context, get_job_or_404, now_ms
 from app.domain.graph import validate_config, validate_graph
 from app.domain.lifecycle import AbortReason
 from app.domain.restore import build_plan, select_checkpoint
-from app.errors import Conflict, Invalid
+from app.errors import Conflict, Invalid, Unauthorized
 from app.events import emit
 from contract.events import AttemptStarted
 from contract.models import (
@@ -66,8 +66,21 @@ async def cancel_job(s: AsyncSession, job_id: int) -> JobRow:
     return job
 
 
-async def finish_job(s: AsyncSession, job_id: int, body: JobFinish) -> JobRow:
+async def lock_job_as(s: AsyncSession, job_id: int, token_attempt: int | None) -> JobRow:
+    """Load a job holding its row lock, for a request that came with the task token of `token_attempt` (None: the
+    admin token, or no auth), checked again under the lock: the request's auth check ran before its transaction,
+    and a new attempt may have started meanwhile. A task of the old attempt still running (a zombie on a lost
+    executor) must not trigger, stop or finish the new one."""
     job = await get_job_or_404(s, job_id, lock=True)
+    if token_attempt is not None:
+        refusal = token_refusal(job_id, token_attempt, job.current_attempt, job.status)
+        if refusal is not None:
+            raise Unauthorized(refusal)
+    return job
+
+
+async def finish_job(s: AsyncSession, job_id: int, body: JobFinish, token_attempt: int | None = None) -> JobRow:
+    job = await lock_job_as(s, job_id, token_attempt)
     lifecycle.check_current_attempt(job, body.attempt, "this request to finish it")
     await lifecycle.end_job(
         s, job, JobStatus(body.status), body.message, AbortReason.job_ended, f"the job ended as {body.status}", now_ms()

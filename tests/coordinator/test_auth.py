@@ -67,3 +67,37 @@ async def test_without_an_admin_token_the_server_is_open_and_warns(make_api, cap
             r = await api.client.get("/api/v1/jobs")
             assert r.status_code == 200
     assert any("without authentication" in rec.getMessage() for rec in caplog.records)
+
+
+async def test_a_token_whose_attempt_ended_after_its_auth_check_changes_nothing(make_api, monkeypatch):
+    """The auth check runs before the route's transaction. A new attempt can start in between: the old attempt's
+    task (a zombie on a lost executor) must not trigger, stop, record or finish anything of the new one. Played
+    deterministically: the auth check is made to see the old attempt still current."""
+    import app.auth
+
+    async with make_api(admin_token=ADMIN) as api:
+        c = api.client
+        body = {"name": "j", "graph": {"vertices": [{"id": "a", "parallelism": 1}]}}
+        job = (await c.post("/api/v1/jobs", json=body, headers=bearer(ADMIN))).json()["id"]
+        old = (await c.post(f"/api/v1/jobs/{job}/attempts", json={}, headers=bearer(ADMIN))).json()["task_token"]
+        assert (await c.post(f"/api/v1/jobs/{job}/attempts", json={}, headers=bearer(ADMIN))).status_code == 201
+
+        async def as_before_the_new_attempt(s, job_id, attempt):
+            return None
+
+        monkeypatch.setattr(app.auth, "check_token_attempt", as_before_the_new_attempt)
+        stale = {
+            f"/api/v1/jobs/{job}/checkpoints": {},
+            f"/api/v1/jobs/{job}/savepoints": {"stop": True},
+            f"/api/v1/jobs/{job}/checkpoints/external": {"id": 1, "trigger_timestamp": 1, "completed_timestamp": 2},
+            f"/api/v1/jobs/{job}/finish": {"status": "FINISHED"},
+        }
+        for path, payload in stale.items():
+            r = await c.post(path, json=payload, headers=bearer(old))
+            assert r.status_code == 401, (path, r.text)
+            assert "attempt 1" in r.json()["error"]["message"] and "attempt 2" in r.json()["error"]["message"]
+        monkeypatch.undo()
+
+        j = (await c.get(f"/api/v1/jobs/{job}", headers=bearer(ADMIN))).json()
+        assert j["status"] == "RUNNING" and j["current_attempt"] == 2
+        assert (await c.get(f"/api/v1/jobs/{job}/checkpoints", headers=bearer(ADMIN))).json()["items"] == []
