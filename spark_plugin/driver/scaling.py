@@ -91,7 +91,15 @@ def fit(plan: JobPlan, slots: int, min_parallelism: int = 1) -> dict[str, int]:
         lowerable = [g for g in groups if scaled[g[0]] > floor[g[0]]]
         g = max(lowerable, key=lambda g: (scaled[g[0]], len(g)))
         scaled.update({vid: scaled[vid] - 1 for vid in g})
-    return scaled
+    # Rounding down leaves slots idle (two vertices of 4 on 7 slots: 3 and 3): raise the groups furthest below their
+    # full parallelism, one subtask at a time, while a raise still fits.
+    while True:
+        free = slots - sum(scaled.values())
+        raisable = [g for g in groups if scaled[g[0]] < full[g[0]] and len(g) <= free]
+        if not raisable:
+            return scaled
+        g = min(raisable, key=lambda g: (scaled[g[0]] / full[g[0]], -full[g[0]], groups.index(g)))
+        scaled.update({vid: scaled[vid] + 1 for vid in g})
 
 
 def at_parallelism(pipeline: PipelineDefinition, plan: JobPlan, parallelism: dict[str, int]) -> PipelineDefinition:

@@ -35,6 +35,8 @@ def pipeline(src: int = 2, count: int = 6, sink: int = 2) -> Pipeline:
         (5, {"src": 1, "count": 3, "fmt": 1}),  # every vertex halved
         (4, {"src": 1, "count": 2, "fmt": 1}),
         (3, {"src": 1, "count": 1, "fmt": 1}),  # down to min_parallelism everywhere
+        (7, {"src": 2, "count": 4, "fmt": 1}),  # rounded down to 6, then the furthest below full raised: no slot idle
+        (9, {"src": 2, "count": 5, "fmt": 2}),
     ],
 )
 def test_the_parallelism_chosen_fits_the_slots_and_keeps_the_proportions(slots, expected):
@@ -54,6 +56,14 @@ def test_vertices_tied_by_a_forward_edge_keep_equal_parallelism():
     s.map(str, id="b").sink(DiscardSink(), id="out-b")
     got = fit(p.plan(), 7, min_parallelism=1)
     assert len(set(got.values())) == 1 and sum(got.values()) <= 7
+
+
+def test_slots_left_by_rounding_down_go_to_the_vertices_furthest_below_their_parallelism():
+    p = Pipeline("two", parallelism=4)
+    p.source(SequenceSource(count=10), id="src").rebalance().map(str, id="m").sink(DiscardSink(), id="out")
+    for slots in range(2, 8):
+        got = fit(p.plan(), slots, min_parallelism=1)
+        assert sum(got.values()) == slots and max(got.values()) - min(got.values()) <= 1, (slots, got)
 
 
 @pytest.fixture
