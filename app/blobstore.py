@@ -567,6 +567,31 @@ class S3BlobStore(FsspecBlobStore):
             ExpiresIn=expires_in,
         )
 
+    def _find(self, prefix: str) -> list[str]:
+        """Keys (relative to the root) of every object under a prefix, as S3 lists them. s3fs's own listing takes
+        an object whose key ends in '/' (the prefix itself, or ``name/``: a POST may name one) for a directory and
+        leaves it out, so cleaning by prefix would never delete it."""
+        start = self.base + _check_prefix(prefix)
+        keys: list[str] = []
+        for page in self._presigner().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start):
+            keys += [o["Key"][len(self.base) :] for o in page.get("Contents", [])]
+        return keys
+
+    def _rm(self, keys: list[str]) -> None:
+        """Delete these objects, 1000 per request; raises when S3 refused any of them (s3fs's bulk delete drops
+        those refusals), so the sweep tries again."""
+        client = self._presigner()
+        for i in range(0, len(keys), 1000):
+            objects = [{"Key": self.base + k} for k in keys[i : i + 1000]]
+            answer = client.delete_objects(Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True})
+            errors = answer.get("Errors") or []
+            if errors:
+                first = errors[0]
+                raise OSError(
+                    f"the S3 store refused to delete {len(errors)} object(s), e.g. {first.get('Key')!r}: "
+                    f"{first.get('Code')} {first.get('Message')}"
+                )
+
     async def write_target(self, prefix: str, expires_at: int, max_size: int) -> WriteTarget | None:
         expires_in = max(1, -(-(expires_at - int(time.time() * 1000)) // 1000))
         post = await asyncio.to_thread(self.presigned_post, prefix, expires_in, max_size)

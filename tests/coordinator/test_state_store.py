@@ -460,6 +460,36 @@ async def test_a_completed_checkpoints_unacked_objects_are_collected_and_its_ack
     assert plan["checkpoint_id"] == cp and plan["fallbacks"] == []
 
 
+def _objects_in_bucket(store: S3BlobStore) -> set[str]:
+    """Every object in the store's bucket, as S3 lists them (s3fs's listing leaves out keys ending in '/')."""
+    import boto3
+
+    pages = boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=store.bucket)
+    return {o["Key"] for page in pages for o in page.get("Contents", [])}
+
+
+@pytest.mark.parametrize("name", ["", "name/"], ids=["the-prefix-itself", "ending-in-a-slash"])
+async def test_an_s3_object_whose_key_ends_in_a_slash_goes_with_its_checkpoints_prefix(make_api, s3_bucket, name):
+    """A presigned POST admits any key under the prefix, the prefix itself and ``name/`` too; S3 stores those as
+    objects like any other, and cleaning by prefix deletes them with the rest (aborted, and pruned when completed)."""
+    async with make_api(blob_url=s3_bucket) as api:
+        job = await api.job(tolerable_failures=5, retained=3)
+        await api.trigger(job["id"])
+        aborted = await target_of(api, job["id"], 1)
+        await write_object(aborted, name, b"written by a subtask's bug, never acked")
+        await api.client.post(
+            f"/api/v1/jobs/{job['id']}/checkpoints/1/declines",
+            json={"attempt": 1, "vertex": "src", "subtask_index": 1, "reason": "no"},
+        )
+        cp, state = await complete_written(api, job, "one")
+        completed = await target_of(api, job["id"], cp)
+        await write_object(completed, name, b"written by a subtask's bug, never acked")
+        base = api.ctx.store.base
+        assert base + completed["prefix"] + name in _objects_in_bucket(api.ctx.store)
+        await api.ctx.sweep_state(now=2**46)
+        assert _objects_in_bucket(api.ctx.store) == {base + key for key, *_ in state.values()}
+
+
 async def test_a_blob_uploaded_but_never_acked_is_collected_with_its_row(store_api):
     api = store_api
     job = await api.job(retained=3)
