@@ -32,11 +32,17 @@ async def job_access(request: Request, job_id: Annotated[int, Path(ge=1, le=MAX_
     await request.app.state.auth.require_job(request, job_id)
 
 
+async def token_attempt(request: Request, job_id: Annotated[int, Path(ge=1, le=MAX_ID)]) -> int | None:
+    """The attempt of the request's task token (None: the admin token, or no auth); after `job_access`."""
+    return await request.app.state.auth.require_job_header(request.headers.get("authorization"), job_id)
+
+
 CtxDep = Annotated[Context, Depends(get_ctx)]
 CommitterDep = Annotated[AckCommitter, Depends(get_committer)]
 JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="Job id")]
 CheckpointId = Annotated[int, Path(ge=0, le=MAX_ID, description="Checkpoint id")]
 BlobId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$", description="A blob id the coordinator issued")]
 Offset = Annotated[int, Query(ge=0, le=MAX_ID)]
+TokenAttempt = Annotated[int | None, Depends(token_attempt)]
 ADMIN = [Depends(admin_only)]
 TASK = [Depends(job_access)]
