@@ -4,14 +4,15 @@ blob lies (its object and offset); reports of corrupt blobs."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Literal
 
-from sqlalchemy import select
+from sqlalchemy import delete, or_, select
 from sqlalchemy.exc import IntegrityError
 
 from app.blobstore import Staged, blob_key, new_blob_id, upload_key
-from app.db.models import BlobRow, CheckpointRow
+from app.db.models import AckRow, BlobRow, CheckpointRow
 from app.domain import lifecycle
 from app.domain.checkpoints import check_subtask, get_checkpoint_or_404
 from app.domain.context import Context, after_commit, get_job_or_404, now_ms
@@ -21,6 +22,7 @@ from app.observability import BLOB_BYTES
 from contract.models import BlobInfo, CorruptBlob
 
 Kind = Literal["operator", "channel"]
+log = logging.getLogger(__name__)
 
 
 def blob_info(b: BlobRow) -> BlobInfo:
@@ -206,6 +208,37 @@ async def store(
     finally:
         for st in staged:
             st.discard()
+
+
+async def discard_unacked(ctx: Context, job_id: int, cp_id: int, blob_ids: list[str]) -> None:
+    """The ack that was to name these blobs (just stored for it, `acks/with-state`) was refused: delete those no
+    ack names, rows and objects, so the refused request leaves nothing and the subtask's slot is free for the state
+    it sends next. A blob an ack names (a concurrent identical report's, committed) stays. Should this fail, the
+    sweep collects them with their checkpoint's prefix, as any blob no ack names."""
+    if not blob_ids:
+        return
+    named = (
+        select(AckRow.subtask_index)
+        .where(
+            AckRow.job_id == job_id,
+            AckRow.checkpoint_id == cp_id,
+            or_(AckRow.operator_blob_id == BlobRow.id, AckRow.channel_blob_id == BlobRow.id),
+        )
+        .exists()
+    )
+    try:
+        async with ctx.tx() as s:
+            await get_job_or_404(s, job_id, lock=True)  # acks are recorded under it: none can name them meanwhile
+            doomed = list(
+                (await s.execute(select(BlobRow).where(BlobRow.id.in_(blob_ids), BlobRow.job_id == job_id, ~named)))
+                .scalars()
+            )
+            if doomed:
+                await s.execute(delete(BlobRow).where(BlobRow.id.in_([b.id for b in doomed])))
+        for b in doomed:
+            await ctx.store.delete(object_of(b)[0])
+    except Exception as exc:  # noqa: BLE001 - the refusal is the answer; the sweep collects what is left
+        log.warning("could not delete the blobs of a refused report for checkpoint %s of job %s: %s", cp_id, job_id, exc)
 
 
 def _check_blob_id(blob_id: str) -> None:
