@@ -364,7 +364,7 @@ class AckCommitter(BackgroundWorker):
             blobs = {
                 b.id: b for b in (await s.execute(select(BlobRow).where(BlobRow.id.in_(blob_ids)))).scalars()
             }
-        referenced: dict[str, tuple[BlobRow, str]] = {}
+        referenced: written.Referenced = {}
         if status == PENDING:
             referenced = await written.referenced_blobs(s, job_id, [it.ack for it in items])
         now = now_ms()
