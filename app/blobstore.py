@@ -235,15 +235,21 @@ def _lstat_size(path: Path, seen: dict[Path, bool] | None = None) -> int | None:
 
 
 def _open_object(path: Path, mode: str = "rb"):
-    """Open a stored object for reading, never through a symbolic link (FileNotFoundError then, as if missing)."""
+    """Open a stored object for reading, never through a symbolic link and only a regular file (FileNotFoundError
+    otherwise, as if missing: `size` says None for the same)."""
     if _linked(path):
         raise FileNotFoundError(f"{path} is reached through a symbolic link")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise FileNotFoundError(f"{path} is a symbolic link") from None
+        if exc.errno == errno.ENOTDIR:
+            raise FileNotFoundError(f"{path} lies under a file, not a directory") from None
         raise
+    if not stat_mode.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FileNotFoundError(f"{path} is not a regular file")
     return os.fdopen(fd, mode)
 
 

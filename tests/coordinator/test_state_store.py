@@ -605,6 +605,24 @@ async def test_a_cut_written_object_makes_the_plan_fall_back_without_reading_it(
     assert plan["fallbacks"][0]["checkpoint_id"] == newer and key in plan["fallbacks"][0]["reason"]
 
 
+async def test_an_object_replaced_by_a_directory_makes_a_hashing_plan_fall_back(make_api):
+    """With OVERTAKE_VERIFY_BLOBS_ON_RESTORE=sha256 the plan reads each blob: a directory where an acked object was
+    is no object (as for a stat), so the plan passes over its checkpoint, and the new attempt starts from the older."""
+    async with make_api(verify_blobs_on_restore="sha256") as api:
+        job = await api.job(retained=3)
+        older, _ = await complete_written(api, job, "one")
+        newer, state = await complete_written(api, job, "two")
+        key = state[("agg", 1)][0]
+        path = api.ctx.store.root / key
+        path.unlink()
+        path.mkdir()
+        r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={})
+        assert r.status_code == 201, r.text
+        plan = r.json()["restore_plan"]
+        assert plan["checkpoint_id"] == older
+        assert plan["fallbacks"][0]["checkpoint_id"] == newer and key in plan["fallbacks"][0]["reason"]
+
+
 async def test_a_corrupt_report_makes_the_next_plan_fall_back_naming_blob_and_reporter(store_api):
     api = store_api
     job = await api.job(retained=3)
