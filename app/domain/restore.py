@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from contextlib import asynccontextmanager
 from typing import Literal
 
 from sqlalchemy import select
@@ -33,7 +34,7 @@ from app.db.models import AckRow, BlobRow, CheckpointRow, JobRow
 from app.domain.blobs import object_of
 from app.domain.context import Context, now_ms
 from app.domain.lifecycle import COMPLETED
-from app.errors import Conflict, NotFound
+from app.errors import Conflict, DomainError, NotFound, Unavailable
 from contract.keygroups import key_group_range
 from contract.models import (
     BlobLocation,
@@ -79,6 +80,21 @@ async def select_checkpoint(s: AsyncSession, job: JobRow, requested: Requested) 
 STAT_CONCURRENCY = 32  # objects stat'ed at once while a plan is checked
 
 
+@asynccontextmanager
+async def _store_answers(key: str):
+    """A store that cannot say whether an object is there (unreachable, refusing) says nothing about the
+    checkpoint: the plan is not made (503, retry), rather than passing over checkpoints that may be whole."""
+    try:
+        yield
+    except DomainError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the store's client raised
+        raise Unavailable(
+            f"the blob store could not say whether object {key} is there ({type(exc).__name__}); "
+            "no restore plan was made and nothing was changed; retry once the store answers"
+        ) from exc
+
+
 async def _verify(ctx: Context, acks: list[AckRow], rows: dict[str, BlobRow]) -> str | None:
     """None if every blob of these acks is usable, else what is wrong (the first problem found)."""
     used: list[tuple[str, BlobRow]] = []
@@ -109,7 +125,7 @@ async def _verify_sizes(ctx: Context, used: list[tuple[str, BlobRow]]) -> str | 
     gate = asyncio.Semaphore(STAT_CONCURRENCY)
 
     async def size(key: str) -> int | None:
-        async with gate:
+        async with gate, _store_answers(key):
             return await ctx.store.size(key)
 
     keys = list(ends)
@@ -127,7 +143,8 @@ async def _verify_sha256(ctx: Context, used: list[tuple[str, BlobRow]]) -> str |
     """Each blob read whole and hashed (OVERTAKE_VERIFY_BLOBS_ON_RESTORE=sha256)."""
     for who, row in used:
         key, offset = object_of(row)
-        actual = await ctx.store.sha256(key, offset, row.size)
+        async with _store_answers(key):
+            actual = await ctx.store.sha256(key, offset, row.size)
         if actual is None:
             return f"blob {row.id} of subtask {who} is missing from the blob store (object {key})"
         if actual != row.sha256:

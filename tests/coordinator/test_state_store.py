@@ -623,6 +623,34 @@ async def test_an_object_replaced_by_a_directory_makes_a_hashing_plan_fall_back(
         assert plan["fallbacks"][0]["checkpoint_id"] == newer and key in plan["fallbacks"][0]["reason"]
 
 
+async def test_a_store_that_cannot_be_reached_makes_a_restore_503_and_changes_nothing(make_api, s3_bucket, monkeypatch):
+    """Whether the objects are there is unknown then: no plan (neither the checkpoint nor a fallback past it),
+    no new attempt, a 503 naming the object; the same restore works once the store answers."""
+    import s3fs
+
+    from app.local import free_port
+
+    async with make_api(blob_url=s3_bucket) as api:
+        job = await api.job(retained=3)
+        cp, _ = await complete_written(api, job, "one")
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    s3fs.S3FileSystem.clear_instance_cache()  # the coordinator's client is made again, for that endpoint
+    try:
+        async with make_api(blob_url=s3_bucket) as api:
+            r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={})
+            assert r.status_code == 503, r.text
+            assert f"job-{job['id']}/cp-" in r.json()["error"]["message"] and "retry" in r.json()["error"]["message"]
+            attempts = (await api.client.get(f"/api/v1/jobs/{job['id']}/attempts")).json()
+            assert [a["attempt"] for a in attempts["items"]] == [1]
+    finally:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        s3fs.S3FileSystem.clear_instance_cache()
+    async with make_api(blob_url=s3_bucket) as api:
+        r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={})
+        assert r.status_code == 201 and r.json()["restore_plan"]["checkpoint_id"] == cp, r.text
+
+
 async def test_a_corrupt_report_makes_the_next_plan_fall_back_naming_blob_and_reporter(store_api):
     api = store_api
     job = await api.job(retained=3)
