@@ -22,12 +22,13 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
 
-from app.errors import Conflict, Invalid, TooLarge
+from app.errors import Conflict, DomainError, Invalid, TooLarge, Unavailable
 from app.registry import SchemeRegistry
 from contract.models import STATE_KEY_PATTERN, WriteTarget, state_prefix
 
@@ -57,6 +58,21 @@ def _check_prefix(prefix: str) -> str:
 def checkpoint_prefix(job_id: int, checkpoint_id: int) -> str:
     """The prefix of a checkpoint's objects: ``job-7/cp-000000000012/``."""
     return _check_prefix(state_prefix(job_id, checkpoint_id))
+
+
+@asynccontextmanager
+async def store_answers(what: str):
+    """Whatever the store's client raises while the store is asked `what` (it is unreachable, or refuses) becomes a
+    503 saying so: the request changed nothing and may be retried once the store answers. A missing object is no
+    failure (the store's methods say None for it), and the coordinator's own refusals pass unchanged."""
+    try:
+        yield
+    except DomainError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the store's client raised
+        raise Unavailable(
+            f"the blob store did not answer {what} ({type(exc).__name__}); nothing was changed; retry once it answers"
+        ) from exc
 
 
 @dataclass

@@ -11,7 +11,7 @@ from typing import Literal
 from sqlalchemy import delete, or_, select
 from sqlalchemy.exc import IntegrityError
 
-from app.blobstore import Staged, blob_key, new_blob_id, upload_key
+from app.blobstore import Staged, blob_key, new_blob_id, store_answers, upload_key
 from app.db.models import AckRow, BlobRow, CheckpointRow
 from app.domain import lifecycle
 from app.domain.checkpoints import check_subtask, get_checkpoint_or_404
@@ -158,7 +158,8 @@ async def store(
             moved = await asyncio.gather(*(ctx.store.commit(staged[i], keys[i]) for i in new), return_exceptions=True)
             for m in moved:
                 if isinstance(m, BaseException):
-                    raise m
+                    async with store_answers("when the upload was stored"):
+                        raise m
             async with ctx.tx() as s:
                 # Share-lock the checkpoint so an abort cannot slip between this check and the insert. (Its row is
                 # not `cp`: a failed insert rolls this session back and leaves its rows expired and detached.)
@@ -195,7 +196,10 @@ async def store(
             return [a for a in answers if a is not None]
         except BaseException as exc:
             for i in new:
-                await ctx.store.delete(keys[i])
+                try:
+                    await ctx.store.delete(keys[i])
+                except Exception as gone:  # noqa: BLE001 - under the checkpoint's prefix, no row: the sweep collects it
+                    log.warning("could not delete %s after a failed upload (the sweep collects it): %s", keys[i], gone)
             if isinstance(exc, Conflict) and isinstance(exc.__cause__, IntegrityError):
                 # A concurrent identical upload won the slot: answer as for a retry.
                 now_cp, won = await _existing(ctx, job_id, cp_id, vertex, index)
@@ -262,7 +266,8 @@ async def open_blob(ctx: Context, job_id: int, blob_id: str) -> BlobRow:
     async with ctx.tx(readonly=True) as s:
         row = await _stored_row(s, job_id, blob_id)
     key, offset = object_of(row)
-    size = await ctx.store.size(key)
+    async with store_answers(f"whether object {key} of blob {blob_id} is there"):
+        size = await ctx.store.size(key)
     if size is None or size < offset + row.size:
         raise NotFound(
             f"blob {blob_id} of job {job_id} is recorded but "

@@ -24,17 +24,17 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from contextlib import asynccontextmanager
 from typing import Literal
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.blobstore import store_answers
 from app.db.models import AckRow, BlobRow, CheckpointRow, JobRow
 from app.domain.blobs import object_of
 from app.domain.context import Context, now_ms
 from app.domain.lifecycle import COMPLETED
-from app.errors import Conflict, DomainError, NotFound, Unavailable
+from app.errors import Conflict, NotFound
 from contract.keygroups import key_group_range
 from contract.models import (
     BlobLocation,
@@ -80,21 +80,6 @@ async def select_checkpoint(s: AsyncSession, job: JobRow, requested: Requested) 
 STAT_CONCURRENCY = 32  # objects stat'ed at once while a plan is checked
 
 
-@asynccontextmanager
-async def _store_answers(key: str):
-    """A store that cannot say whether an object is there (unreachable, refusing) says nothing about the
-    checkpoint: the plan is not made (503, retry), rather than passing over checkpoints that may be whole."""
-    try:
-        yield
-    except DomainError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - whatever the store's client raised
-        raise Unavailable(
-            f"the blob store could not say whether object {key} is there ({type(exc).__name__}); "
-            "no restore plan was made and nothing was changed; retry once the store answers"
-        ) from exc
-
-
 async def _verify(ctx: Context, acks: list[AckRow], rows: dict[str, BlobRow]) -> str | None:
     """None if every blob of these acks is usable, else what is wrong (the first problem found)."""
     used: list[tuple[str, BlobRow]] = []
@@ -125,7 +110,7 @@ async def _verify_sizes(ctx: Context, used: list[tuple[str, BlobRow]]) -> str | 
     gate = asyncio.Semaphore(STAT_CONCURRENCY)
 
     async def size(key: str) -> int | None:
-        async with gate, _store_answers(key):
+        async with gate, store_answers(f"whether object {key} is there (no restore plan was made)"):
             return await ctx.store.size(key)
 
     keys = list(ends)
@@ -143,7 +128,7 @@ async def _verify_sha256(ctx: Context, used: list[tuple[str, BlobRow]]) -> str |
     """Each blob read whole and hashed (OVERTAKE_VERIFY_BLOBS_ON_RESTORE=sha256)."""
     for who, row in used:
         key, offset = object_of(row)
-        async with _store_answers(key):
+        async with store_answers(f"with the bytes of object {key} (no restore plan was made)"):
             actual = await ctx.store.sha256(key, offset, row.size)
         if actual is None:
             return f"blob {row.id} of subtask {who} is missing from the blob store (object {key})"

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlparse
@@ -623,32 +624,57 @@ async def test_an_object_replaced_by_a_directory_makes_a_hashing_plan_fall_back(
         assert plan["fallbacks"][0]["checkpoint_id"] == newer and key in plan["fallbacks"][0]["reason"]
 
 
-async def test_a_store_that_cannot_be_reached_makes_a_restore_503_and_changes_nothing(make_api, s3_bucket, monkeypatch):
-    """Whether the objects are there is unknown then: no plan (neither the checkpoint nor a fallback past it),
-    no new attempt, a 503 naming the object; the same restore works once the store answers."""
+@asynccontextmanager
+async def unreachable(make_api, monkeypatch):
+    """The coordinator again, on the same database, with its S3 endpoint where nothing listens."""
     import s3fs
 
     from app.local import free_port
 
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # the client gives up at once (s3fs still tries a few times)
+    s3fs.S3FileSystem.clear_instance_cache()  # the coordinator's client is made again, for that endpoint
+    try:
+        async with make_api(blob_url=os.environ["OVERTAKE_TEST_BLOB_URL"]) as api:
+            yield api
+    finally:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        monkeypatch.delenv("AWS_MAX_ATTEMPTS")
+        s3fs.S3FileSystem.clear_instance_cache()
+
+
+async def test_a_store_that_cannot_be_reached_makes_a_restore_503_and_changes_nothing(make_api, s3_bucket, monkeypatch):
+    """Whether the objects are there is unknown then: no plan (neither the checkpoint nor a fallback past it),
+    no new attempt, a 503 naming the object; the same restore works once the store answers."""
+    monkeypatch.setenv("OVERTAKE_TEST_BLOB_URL", s3_bucket)
     async with make_api(blob_url=s3_bucket) as api:
         job = await api.job(retained=3)
         cp, _ = await complete_written(api, job, "one")
-    endpoint = os.environ["AWS_ENDPOINT_URL"]
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
-    s3fs.S3FileSystem.clear_instance_cache()  # the coordinator's client is made again, for that endpoint
-    try:
-        async with make_api(blob_url=s3_bucket) as api:
-            r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={})
-            assert r.status_code == 503, r.text
-            assert f"job-{job['id']}/cp-" in r.json()["error"]["message"] and "retry" in r.json()["error"]["message"]
-            attempts = (await api.client.get(f"/api/v1/jobs/{job['id']}/attempts")).json()
-            assert [a["attempt"] for a in attempts["items"]] == [1]
-    finally:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-        s3fs.S3FileSystem.clear_instance_cache()
+    async with unreachable(make_api, monkeypatch) as api:
+        r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={})
+        assert r.status_code == 503, r.text
+        assert f"job-{job['id']}/cp-" in r.json()["error"]["message"] and "retry" in r.json()["error"]["message"]
+        attempts = (await api.client.get(f"/api/v1/jobs/{job['id']}/attempts")).json()
+        assert [a["attempt"] for a in attempts["items"]] == [1]
     async with make_api(blob_url=s3_bucket) as api:
         r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={})
         assert r.status_code == 201 and r.json()["restore_plan"]["checkpoint_id"] == cp, r.text
+
+
+async def test_a_store_that_cannot_be_reached_makes_blob_reads_and_uploads_503(make_api, s3_bucket, monkeypatch):
+    monkeypatch.setenv("OVERTAKE_TEST_BLOB_URL", s3_bucket)
+    async with make_api(blob_url=s3_bucket) as api:
+        job = await api.job(retained=3)
+        await complete_written(api, job, "one")
+        blob_id = (await api.client.get(f"/api/v1/jobs/{job['id']}/restore-plan")).json()["subtasks"][0]["blobs"][0]
+        await api.trigger(job["id"])
+    async with unreachable(make_api, monkeypatch) as api:
+        read = await api.client.get(f"/api/v1/jobs/{job['id']}/blobs/{blob_id['blob_id']}")
+        assert read.status_code == 503 and "did not answer" in read.json()["error"]["message"], read.text
+        upload = await api.upload(job["id"], 2, "agg", 0, b"state")
+        assert upload.status_code == 503 and "did not answer" in upload.json()["error"]["message"], upload.text
+        assert await rows(api, BlobRow, job_id=job["id"], checkpoint_id=2) == 0
 
 
 async def test_a_corrupt_report_makes_the_next_plan_fall_back_naming_blob_and_reporter(store_api):
