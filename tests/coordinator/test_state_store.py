@@ -208,6 +208,21 @@ async def test_an_ack_is_counted_only_when_its_object_exists_with_its_size(store
     assert (await api.ack(job["id"], 1, "agg", 0, written=body)).status_code == 200
 
 
+async def test_an_ack_whose_segments_claim_the_same_bytes_twice_is_422_and_records_nothing(store_api):
+    """A restore would replay those bytes on both channels: records twice, or on a channel they never travelled."""
+    api = store_api
+    job = await api.job()
+    await api.trigger(job["id"])
+    target = await target_of(api, job["id"], 1)
+    key = await write_object(target, "agg-0-a1.state", b"op" + b"outin")
+    segments = _segments(b"out", b"in", 0)
+    segments[1]["offset"] = 2  # the input segment starts inside the output segment's bytes
+    r = await api.ack(job["id"], 1, "agg", 0, written=written(key, b"op", b"outin"), channel_segments=segments)
+    assert r.status_code == 422, r.text
+    assert "both hold bytes 2..2" in r.json()["error"]["message"]
+    assert await rows(api, AckRow, job_id=job["id"]) == 0 and await rows(api, BlobRow, job_id=job["id"]) == 0
+
+
 async def test_the_same_written_ack_again_is_a_duplicate_and_a_different_one_is_409(store_api):
     api = store_api
     job = await api.job()
