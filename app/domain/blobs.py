@@ -68,6 +68,19 @@ async def _slot(s, job_id: int, cp_id: int, vertex: str, index: int) -> dict[str
     return {b.kind: b for b in rows.scalars()}
 
 
+async def _acked(s, job_id: int, cp_id: int, vertex: str, index: int) -> bool:
+    """Whether the subtask's ack of this checkpoint is recorded."""
+    found = await s.execute(
+        select(AckRow.subtask_index).where(
+            AckRow.job_id == job_id,
+            AckRow.checkpoint_id == cp_id,
+            AckRow.vertex == vertex,
+            AckRow.subtask_index == index,
+        )
+    )
+    return found.first() is not None
+
+
 def _same_or_conflict(
     cp: CheckpointRow, b: BlobRow, staged: Staged, attempt: int, vertex: str, index: int
 ) -> BlobInfo:
@@ -136,8 +149,14 @@ async def store(
         cp = await get_checkpoint_or_404(s, job_id, cp_id)
         check_subtask(job, vertex, index)
         prior = await _slot(s, job_id, cp_id, vertex, index)
+        acked = any(kind not in prior for kind in kinds) and await _acked(s, job_id, cp_id, vertex, index)
     if any(kind not in prior for kind in kinds):
         _check_open(cp, attempt, vertex, index)  # only a retry of what is stored already may come after completion
+        if acked:
+            raise Conflict(
+                f"subtask {vertex}[{index}] already sent an ack for checkpoint {cp_id}, which names no such blob; a "
+                "blob uploaded now could never be named by it; nothing was stored"
+            )
     else:
         belongs_to_attempt(attempt, cp.attempt, f"checkpoint {cp_id}", "this upload")
     staged: list[Staged] = []
