@@ -58,6 +58,7 @@ _CHECKPOINT_FACTS = select(
     _CHECKPOINTS.c.failure_reason,
     _CHECKPOINTS.c.num_subtasks,
     _CHECKPOINTS.c.num_acked,
+    _CHECKPOINTS.c.is_savepoint,
 ).where(_THIS_CP)
 # The job row's lock with the checkpoint's facts, in one round trip. The checkpoint's row is locked too (after the
 # job's: one lock order): a row read without its lock is read as of the statement's start, so after a wait for the
@@ -74,6 +75,7 @@ _LOCK_JOB_WITH_CP = (
         _CHECKPOINTS.c.failure_reason,
         _CHECKPOINTS.c.num_subtasks,
         _CHECKPOINTS.c.num_acked,
+        _CHECKPOINTS.c.is_savepoint,
     )
     .select_from(_JOBS.join(_CHECKPOINTS, (_CHECKPOINTS.c.job_id == _JOBS.c.id) & (_CHECKPOINTS.c.id == _CP)))
     .where(_JOBS.c.id == _JOB)
@@ -266,7 +268,9 @@ class AckCommitter(BackgroundWorker):
                 if preloaded is not None:
                     job, cp = preloaded[0], preloaded[1]
                     locked = (job.current_attempt, job.status)
-                    facts = (cp.status, cp.attempt, cp.failure_reason, cp.num_subtasks, cp.num_acked)
+                    facts = (
+                        cp.status, cp.attempt, cp.failure_reason, cp.num_subtasks, cp.num_acked, cp.is_savepoint
+                    )
             if locked is None and len(cp_ids) == 1:
                 # the usual case: the locks and the checkpoint's state in one round trip
                 (cp_id,) = cp_ids
@@ -351,7 +355,7 @@ class AckCommitter(BackgroundWorker):
                     it.result = exc
             return
         # `acked_before`, like the status: read with the locks, so as the transaction that held them before left them
-        status, attempt, failure_reason, num_subtasks, acked_before = cp
+        status, attempt, failure_reason, num_subtasks, acked_before, is_savepoint = cp
         facts = _Facts(job_id, cp_id, attempt, status, failure_reason)
         blob_ids = {
             ref.blob_id
@@ -386,7 +390,7 @@ class AckCommitter(BackgroundWorker):
                     if it.missing is not None:
                         raise it.missing
                     self._check_blobs(job_id, cp_id, a, blobs)
-                    written.check_references(job_id, cp_id, a, referenced)
+                    written.check_references(job_id, cp_id, a, referenced, is_savepoint)
                 else:
                     belongs_to_attempt(a.attempt, attempt, f"checkpoint {cp_id}", "this ack")
             except DomainError as exc:

@@ -214,7 +214,7 @@ async def referenced_blobs(s: AsyncSession, job_id: int, acks: list[SubtaskAck])
     return {b.key: (b, status, bool(named)) for b, status, named in rows}
 
 
-def check_references(job_id: int, cp_id: int, a: SubtaskAck, found: Referenced) -> None:
+def check_references(job_id: int, cp_id: int, a: SubtaskAck, found: Referenced, savepoint: bool = False) -> None:
     """Every object the ack references holds channel state an ack of a completed checkpoint of the job named, that
     is still kept, and every range lies within it; else the ack is refused (422) naming the object. (A blob no ack
     names is collected once its checkpoint's late writes are over, whatever references it.)"""
@@ -222,7 +222,14 @@ def check_references(job_id: int, cp_id: int, a: SubtaskAck, found: Referenced) 
     if refusal is not None:
         raise refusal
     who = f"subtask {a.vertex}[{a.subtask_index}]"
-    for p in _references(a):
+    refs = _references(a)
+    if savepoint and refs:
+        raise Invalid(
+            f"{who}'s channel state for savepoint {cp_id} references object {refs[0].key}; a savepoint holds its "
+            "state whole (it is never collected, and would hold the checkpoints it references for good): write "
+            "those buffers into its own object; nothing was recorded"
+        )
+    for p in refs:
         hit = found.get(p.key)
         if hit is None:
             raise Invalid(
