@@ -406,7 +406,7 @@ class AckCommitter(BackgroundWorker):
             result = await conn.execute(self._insert_acks, [row for _, row in candidates.values()])
             inserted = {(r[0], r[1]) for r in result}
             references_added = await self._record_written(
-                conn, job_id, cp_id, [candidates[k] for k in inserted], now
+                conn, job_id, cp_id, [c for k, c in candidates.items() if k in inserted], now  # in the batch's order
             )
             if inserted:
                 if len(self._recorded) > 10_000:
@@ -508,22 +508,33 @@ class AckCommitter(BackgroundWorker):
     async def _record_written(self, conn, job_id: int, cp_id: int, recorded: list[tuple[_Item, dict]], now: int) -> bool:
         """The blob rows of the objects the recorded acks wrote, in the acks' transaction; True when channel state
         references were recorded."""
-        rows = [
-            b
+        rows_of = {
+            id(it): written.blob_rows(job_id, cp_id, it.ack, row["operator_blob_id"], row["channel_blob_id"], now)
             for it, row in recorded
             if it.ack.written is not None
-            for b in written.blob_rows(job_id, cp_id, it.ack, row["operator_blob_id"], row["channel_blob_id"], now)
-        ]
+        }
+        rows = [b for blob_rows in rows_of.values() for b in blob_rows]
         refs = [r for it, _ in recorded for r in written.reference_rows(job_id, cp_id, it.ack)]
         if refs:
             await conn.execute(insert(ChannelStateRefRow.__table__), refs)
         if not rows:
             return bool(refs)
+        named: dict[str, tuple[str, int]] = {}  # acks of this batch naming one object name the same blob ids
+        for it, _ in recorded:
+            for b in rows_of.get(id(it), ()):
+                owner = named.setdefault(b["id"], (it.ack.vertex, it.ack.subtask_index))
+                if owner != (it.ack.vertex, it.ack.subtask_index):
+                    raise written.object_taken(it.ack, cp_id, owner)
         stored = {r[0] for r in await conn.execute(self._insert_blobs, rows)}
         for it, row in recorded:
             ids = {row["operator_blob_id"], row["channel_blob_id"]} - {None}
             if it.ack.written is not None and not ids <= stored:
                 a = it.ack
+                owner = (
+                    await conn.execute(select(_BLOBS.c.vertex, _BLOBS.c.subtask_index).where(_BLOBS.c.id.in_(ids)))
+                ).first()
+                if owner is not None and (owner[0], owner[1]) != (a.vertex, a.subtask_index):
+                    raise written.object_taken(a, cp_id, (owner[0], owner[1]))
                 raise Conflict(
                     f"subtask {a.vertex}[{a.subtask_index}] uploaded state for checkpoint {cp_id} through the "
                     "coordinator before; an ack names its state either as uploaded blobs or as a written object, "

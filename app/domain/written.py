@@ -11,16 +11,17 @@ duplicate even when the checkpoint's objects were collected since.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.blobstore import checkpoint_prefix, new_blob_id
+from app.blobstore import checkpoint_prefix
 from app.db.models import AckRow, BlobRow, CheckpointRow
 from app.domain.context import Context
-from app.errors import DomainError, Forbidden, Invalid, Unavailable
+from app.errors import Conflict, DomainError, Forbidden, Invalid, Unavailable
 from contract.models import CheckpointStatus, SegmentPart, SubtaskAck, WrittenState
 
 STAT_TIMEOUT = 30.0  # seconds an ack waits at most for the store to say whether its object is there
@@ -145,8 +146,22 @@ def blob_rows(job_id: int, cp_id: int, a: SubtaskAck, operator_blob_id, channel_
 
 
 def blob_ids(w: WrittenState) -> tuple[str | None, str | None]:
-    """New blob ids for the parts of a written object that hold state (operator, channel)."""
-    return (new_blob_id() if w.operator_size > 0 else None, new_blob_id() if w.channel_size > 0 else None)
+    """The blob ids of the parts of a written object that hold state (operator, channel): derived from the object's
+    key (which names its job and checkpoint) and the part, so the rows of a second ack naming the same object
+    collide with the first's, and the committer refuses it (`object_taken`)."""
+
+    def derived(kind: str) -> str:
+        return hashlib.sha256(f"{w.key}#{kind}".encode()).hexdigest()[:32]
+
+    return (derived("operator") if w.operator_size > 0 else None, derived("channel") if w.channel_size > 0 else None)
+
+
+def object_taken(a: SubtaskAck, cp_id: int, owner: tuple[str, int]) -> DomainError:
+    """The refusal of an ack naming an object another subtask's ack of the checkpoint named."""
+    return Conflict(
+        f"subtask {a.vertex}[{a.subtask_index}] acks object {a.written.key}, which subtask {owner[0]}[{owner[1]}] "
+        f"acked for checkpoint {cp_id}; each subtask acks the object it wrote; nothing was recorded"
+    )
 
 
 # ====================================================================================== incremental channel state

@@ -208,6 +208,28 @@ async def test_an_ack_is_counted_only_when_its_object_exists_with_its_size(store
     assert (await api.ack(job["id"], 1, "agg", 0, written=body)).status_code == 200
 
 
+async def test_an_ack_naming_another_subtasks_object_is_409_and_records_nothing(store_api):
+    """Each subtask acks the object it wrote: a restore would hand the other subtask's state to it otherwise. So
+    too for two acks of one batch."""
+    api = store_api
+    job = await api.job()
+    await api.trigger(job["id"])
+    target = await target_of(api, job["id"], 1)
+    theirs = await write_object(target, "agg-1-a1.state", b"agg[1]'s state")
+    assert (await api.ack(job["id"], 1, "agg", 1, written=written(theirs, b"agg[1]'s state", b""))).status_code == 200
+    r = await api.ack(job["id"], 1, "agg", 0, written=written(theirs, b"agg[1]'s state", b""))
+    assert r.status_code == 409, r.text
+    assert theirs in r.json()["error"]["message"] and "subtask agg[1] acked" in r.json()["error"]["message"]
+    assert await rows(api, AckRow, job_id=job["id"], vertex="agg", subtask_index=0) == 0
+    shared = await write_object(target, "src-0-a1.state", b"src state")
+    acks = [{"attempt": 1, "vertex": "src", "subtask_index": i, "written": written(shared, b"src state", b"")}
+            for i in (0, 1)]
+    r = await api.client.post(f"/api/v1/jobs/{job['id']}/checkpoints/1/acks/batch", json={"acks": acks})
+    assert [item["status_code"] for item in r.json()["items"]] == [200, 409], r.text
+    assert await rows(api, BlobRow, job_id=job["id"], key=shared) == 1
+    assert (await api.checkpoint(job["id"], 1))["num_acknowledged_subtasks"] == 2
+
+
 async def test_an_ack_whose_segments_claim_the_same_bytes_twice_is_422_and_records_nothing(store_api):
     """A restore would replay those bytes on both channels: records twice, or on a channel they never travelled."""
     api = store_api
