@@ -22,12 +22,13 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
 
-from app.errors import Conflict, Invalid, TooLarge
+from app.errors import Conflict, DomainError, Invalid, TooLarge, Unavailable
 from app.registry import SchemeRegistry
 from contract.models import STATE_KEY_PATTERN, WriteTarget, state_prefix
 
@@ -57,6 +58,21 @@ def _check_prefix(prefix: str) -> str:
 def checkpoint_prefix(job_id: int, checkpoint_id: int) -> str:
     """The prefix of a checkpoint's objects: ``job-7/cp-000000000012/``."""
     return _check_prefix(state_prefix(job_id, checkpoint_id))
+
+
+@asynccontextmanager
+async def store_answers(what: str):
+    """Whatever the store's client raises while the store is asked `what` (it is unreachable, or refuses) becomes a
+    503 saying so: the request changed nothing and may be retried once the store answers. A missing object is no
+    failure (the store's methods say None for it), and the coordinator's own refusals pass unchanged."""
+    try:
+        yield
+    except DomainError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the store's client raised
+        raise Unavailable(
+            f"the blob store did not answer {what} ({type(exc).__name__}); nothing was changed; retry once it answers"
+        ) from exc
 
 
 @dataclass
@@ -235,15 +251,21 @@ def _lstat_size(path: Path, seen: dict[Path, bool] | None = None) -> int | None:
 
 
 def _open_object(path: Path, mode: str = "rb"):
-    """Open a stored object for reading, never through a symbolic link (FileNotFoundError then, as if missing)."""
+    """Open a stored object for reading, never through a symbolic link and only a regular file (FileNotFoundError
+    otherwise, as if missing: `size` says None for the same)."""
     if _linked(path):
         raise FileNotFoundError(f"{path} is reached through a symbolic link")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise FileNotFoundError(f"{path} is a symbolic link") from None
+        if exc.errno == errno.ENOTDIR:
+            raise FileNotFoundError(f"{path} lies under a file, not a directory") from None
         raise
+    if not stat_mode.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FileNotFoundError(f"{path} is not a regular file")
     return os.fdopen(fd, mode)
 
 
@@ -566,6 +588,31 @@ class S3BlobStore(FsspecBlobStore):
             Conditions=[["starts-with", "$key", start], ["content-length-range", 0, max_size]],
             ExpiresIn=expires_in,
         )
+
+    def _find(self, prefix: str) -> list[str]:
+        """Keys (relative to the root) of every object under a prefix, as S3 lists them. s3fs's own listing takes
+        an object whose key ends in '/' (the prefix itself, or ``name/``: a POST may name one) for a directory and
+        leaves it out, so cleaning by prefix would never delete it."""
+        start = self.base + _check_prefix(prefix)
+        keys: list[str] = []
+        for page in self._presigner().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start):
+            keys += [o["Key"][len(self.base) :] for o in page.get("Contents", [])]
+        return keys
+
+    def _rm(self, keys: list[str]) -> None:
+        """Delete these objects, 1000 per request; raises when S3 refused any of them (s3fs's bulk delete drops
+        those refusals), so the sweep tries again."""
+        client = self._presigner()
+        for i in range(0, len(keys), 1000):
+            objects = [{"Key": self.base + k} for k in keys[i : i + 1000]]
+            answer = client.delete_objects(Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True})
+            errors = answer.get("Errors") or []
+            if errors:
+                first = errors[0]
+                raise OSError(
+                    f"the S3 store refused to delete {len(errors)} object(s), e.g. {first.get('Key')!r}: "
+                    f"{first.get('Code')} {first.get('Message')}"
+                )
 
     async def write_target(self, prefix: str, expires_at: int, max_size: int) -> WriteTarget | None:
         expires_in = max(1, -(-(expires_at - int(time.time() * 1000)) // 1000))

@@ -221,16 +221,30 @@ def to_sse(event: Event) -> dict[str, str]:
     return {"id": str(event.id), "event": event.type.value, "data": json.dumps(event.model_dump(mode="json"))}
 
 
+def ends_attempt(event: Event, attempt: int | None) -> bool:
+    """Whether `event` starts an attempt after `attempt`: a task token of `attempt` stops working with it, so a
+    reader holding one gets nothing past it (the write targets of the new attempt's checkpoints least of all).
+    `attempt` None: the admin token, or no auth."""
+    return (
+        attempt is not None
+        and event.type == EventType.attempt_started
+        and int(event.data.get("attempt") or 0) > attempt
+    )
+
+
 async def follow(
     bus: EventBus,
     read: Any,
     job_id: int,
     after: int,
     poll_interval: float = 1.0,
+    attempt: int | None = None,
 ) -> AsyncIterator[Event]:
     """Events of a job after `after`, in order, without gaps: the log first, then the bus, gaps from the log.
 
     `read(after) -> list[Event]` reads the log. Only this deployment's events of this job are passed on.
+    `attempt`: the attempt of the reader's task token (None: admin, or no auth); its stream ends with the event
+    that starts a later attempt, as the token does, however long the stream was open before.
     """
     queue = bus.subscribe(job_id)
     last = after
@@ -240,6 +254,8 @@ async def follow(
                 if e.id > last:
                     last = e.id
                     yield e
+                    if ends_attempt(e, attempt):
+                        return
             while True:
                 try:
                     e = await asyncio.wait_for(queue.get(), timeout=poll_interval)
@@ -250,6 +266,8 @@ async def follow(
                 if e.id == last + 1:
                     last = e.id
                     yield e
+                    if ends_attempt(e, attempt):
+                        return
                 else:
                     break  # a gap: read it from the log
     finally:

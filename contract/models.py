@@ -764,6 +764,7 @@ class AckMetrics(_Model):
 def _check_segments(segments: list[ChannelSegment], channel_size: int | None) -> None:
     if channel_size is None and any(s.parts is None for s in segments):
         raise ValueError("channel_segments given without channel state")
+    runs: list[tuple[int, int, str]] = []
     for s in segments:
         for offset, length in s.own_runs():
             if length and (channel_size is None or offset + length > channel_size):
@@ -771,8 +772,17 @@ def _check_segments(segments: list[ChannelSegment], channel_size: int | None) ->
                     f"segment of channel {s.channel!r} ends at {offset + length}, "
                     f"past the channel state's size {channel_size or 0}"
                 )
+            if length:
+                runs.append((offset, offset + length, s.channel))
         if any(p.blob_id is not None for p in s.parts or []):
             raise ValueError(f"segment of channel {s.channel!r}: blob_id of a part is the coordinator's to fill in")
+    runs.sort()
+    for (_, end, first), (start, _, second) in zip(runs, runs[1:], strict=False):
+        if start < end:  # a restore would replay those bytes twice
+            raise ValueError(
+                f"segments of channels {first!r} and {second!r} both hold bytes {start}..{end - 1} of the channel "
+                "state; each byte belongs to one segment"
+            )
 
 
 class _AckFields(_Model):

@@ -255,6 +255,7 @@ async def ack_with_state(job_id: JobId, checkpoint_id: CheckpointId, request: Re
     ack = report.to_ack(refs.get("operator"), refs.get("channel"))
     (result,) = await request.app.state.committer.submit(job_id, checkpoint_id, [ack])
     if isinstance(result, DomainError):
+        await blobs.discard_unacked(ctx, job_id, checkpoint_id, [info.blob_id for info, created in stored if created])
         raise result
     return result
 

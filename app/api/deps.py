@@ -40,7 +40,8 @@ CheckpointId = Annotated[int, Path(ge=0, le=MAX_ID, description="Checkpoint id")
 BlobId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$", description="A blob id the coordinator issued")]
 Offset = Annotated[int, Query(ge=0, le=MAX_ID)]
 TokenAttempt = Annotated[int | None, Depends(job_access)]
-"""For a route that changes the job: it needs the job's access (as `TASK`), and checks the token's attempt again under
-the job row lock (`app.domain.jobs.lock_job_as`)."""
+"""The attempt of the request's task token (None: the admin token, or no auth), after the job's access check (as
+`TASK`): a route that changes the job checks it again under the job row lock (`app.domain.jobs.lock_job_as`); the
+event stream ends with a later attempt's start."""
 ADMIN = [Depends(admin_only)]
 TASK = [Depends(job_access)]

@@ -10,7 +10,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 from sse_starlette.sse import EventSourceResponse
 
-from app.api.deps import TASK, BlobId, CheckpointId, CtxDep, JobId, Offset
+from app.api.deps import TASK, BlobId, CheckpointId, CtxDep, JobId, Offset, TokenAttempt
 from app.domain import blobs, views
 from app.domain.checkpoints import decline as decline_checkpoint
 from app.domain.context import get_job_or_404, now_ms
@@ -159,10 +159,13 @@ async def events(
     job_id: JobId,
     request: Request,
     ctx: CtxDep,
+    attempt: TokenAttempt,
     after: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
     last_event_id: Annotated[str | None, Header(alias="last-event-id")] = None,
 ) -> EventSourceResponse:
     """The job's event stream (SSE). A reconnecting client sends Last-Event-ID and misses nothing."""
+    # A task token's stream ends with the `attempt.started` of a later attempt: the token stops working then, and
+    # the new attempt's events (its checkpoints' write targets among them) are not for it.
     async with ctx.tx(readonly=True) as s:
         await get_job_or_404(s, job_id)
     start = after or 0
@@ -177,7 +180,7 @@ async def events(
             return await read_log(s, job_id, since, deployment=ctx.bus.namespace)
 
     async def stream():
-        async for e in follow(ctx.bus, read, job_id, start):
+        async for e in follow(ctx.bus, read, job_id, start, attempt=attempt):
             if await request.is_disconnected():
                 break
             yield to_sse(e)

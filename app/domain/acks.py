@@ -58,6 +58,7 @@ _CHECKPOINT_FACTS = select(
     _CHECKPOINTS.c.failure_reason,
     _CHECKPOINTS.c.num_subtasks,
     _CHECKPOINTS.c.num_acked,
+    _CHECKPOINTS.c.is_savepoint,
 ).where(_THIS_CP)
 # The job row's lock with the checkpoint's facts, in one round trip. The checkpoint's row is locked too (after the
 # job's: one lock order): a row read without its lock is read as of the statement's start, so after a wait for the
@@ -74,6 +75,7 @@ _LOCK_JOB_WITH_CP = (
         _CHECKPOINTS.c.failure_reason,
         _CHECKPOINTS.c.num_subtasks,
         _CHECKPOINTS.c.num_acked,
+        _CHECKPOINTS.c.is_savepoint,
     )
     .select_from(_JOBS.join(_CHECKPOINTS, (_CHECKPOINTS.c.job_id == _JOBS.c.id) & (_CHECKPOINTS.c.id == _CP)))
     .where(_JOBS.c.id == _JOB)
@@ -266,7 +268,9 @@ class AckCommitter(BackgroundWorker):
                 if preloaded is not None:
                     job, cp = preloaded[0], preloaded[1]
                     locked = (job.current_attempt, job.status)
-                    facts = (cp.status, cp.attempt, cp.failure_reason, cp.num_subtasks, cp.num_acked)
+                    facts = (
+                        cp.status, cp.attempt, cp.failure_reason, cp.num_subtasks, cp.num_acked, cp.is_savepoint
+                    )
             if locked is None and len(cp_ids) == 1:
                 # the usual case: the locks and the checkpoint's state in one round trip
                 (cp_id,) = cp_ids
@@ -351,7 +355,7 @@ class AckCommitter(BackgroundWorker):
                     it.result = exc
             return
         # `acked_before`, like the status: read with the locks, so as the transaction that held them before left them
-        status, attempt, failure_reason, num_subtasks, acked_before = cp
+        status, attempt, failure_reason, num_subtasks, acked_before, is_savepoint = cp
         facts = _Facts(job_id, cp_id, attempt, status, failure_reason)
         blob_ids = {
             ref.blob_id
@@ -364,7 +368,7 @@ class AckCommitter(BackgroundWorker):
             blobs = {
                 b.id: b for b in (await s.execute(select(BlobRow).where(BlobRow.id.in_(blob_ids)))).scalars()
             }
-        referenced: dict[str, tuple[BlobRow, str]] = {}
+        referenced: written.Referenced = {}
         if status == PENDING:
             referenced = await written.referenced_blobs(s, job_id, [it.ack for it in items])
         now = now_ms()
@@ -386,7 +390,7 @@ class AckCommitter(BackgroundWorker):
                     if it.missing is not None:
                         raise it.missing
                     self._check_blobs(job_id, cp_id, a, blobs)
-                    written.check_references(job_id, cp_id, a, referenced)
+                    written.check_references(job_id, cp_id, a, referenced, is_savepoint)
                 else:
                     belongs_to_attempt(a.attempt, attempt, f"checkpoint {cp_id}", "this ack")
             except DomainError as exc:
@@ -402,7 +406,7 @@ class AckCommitter(BackgroundWorker):
             result = await conn.execute(self._insert_acks, [row for _, row in candidates.values()])
             inserted = {(r[0], r[1]) for r in result}
             references_added = await self._record_written(
-                conn, job_id, cp_id, [candidates[k] for k in inserted], now
+                conn, job_id, cp_id, [c for k, c in candidates.items() if k in inserted], now  # in the batch's order
             )
             if inserted:
                 if len(self._recorded) > 10_000:
@@ -504,22 +508,33 @@ class AckCommitter(BackgroundWorker):
     async def _record_written(self, conn, job_id: int, cp_id: int, recorded: list[tuple[_Item, dict]], now: int) -> bool:
         """The blob rows of the objects the recorded acks wrote, in the acks' transaction; True when channel state
         references were recorded."""
-        rows = [
-            b
+        rows_of = {
+            id(it): written.blob_rows(job_id, cp_id, it.ack, row["operator_blob_id"], row["channel_blob_id"], now)
             for it, row in recorded
             if it.ack.written is not None
-            for b in written.blob_rows(job_id, cp_id, it.ack, row["operator_blob_id"], row["channel_blob_id"], now)
-        ]
+        }
+        rows = [b for blob_rows in rows_of.values() for b in blob_rows]
         refs = [r for it, _ in recorded for r in written.reference_rows(job_id, cp_id, it.ack)]
         if refs:
             await conn.execute(insert(ChannelStateRefRow.__table__), refs)
         if not rows:
             return bool(refs)
+        named: dict[str, tuple[str, int]] = {}  # acks of this batch naming one object name the same blob ids
+        for it, _ in recorded:
+            for b in rows_of.get(id(it), ()):
+                owner = named.setdefault(b["id"], (it.ack.vertex, it.ack.subtask_index))
+                if owner != (it.ack.vertex, it.ack.subtask_index):
+                    raise written.object_taken(it.ack, cp_id, owner)
         stored = {r[0] for r in await conn.execute(self._insert_blobs, rows)}
         for it, row in recorded:
             ids = {row["operator_blob_id"], row["channel_blob_id"]} - {None}
             if it.ack.written is not None and not ids <= stored:
                 a = it.ack
+                owner = (
+                    await conn.execute(select(_BLOBS.c.vertex, _BLOBS.c.subtask_index).where(_BLOBS.c.id.in_(ids)))
+                ).first()
+                if owner is not None and (owner[0], owner[1]) != (a.vertex, a.subtask_index):
+                    raise written.object_taken(a, cp_id, (owner[0], owner[1]))
                 raise Conflict(
                     f"subtask {a.vertex}[{a.subtask_index}] uploaded state for checkpoint {cp_id} through the "
                     "coordinator before; an ack names its state either as uploaded blobs or as a written object, "

@@ -4,14 +4,15 @@ blob lies (its object and offset); reports of corrupt blobs."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Literal
 
-from sqlalchemy import select
+from sqlalchemy import delete, or_, select
 from sqlalchemy.exc import IntegrityError
 
-from app.blobstore import Staged, blob_key, new_blob_id, upload_key
-from app.db.models import BlobRow, CheckpointRow
+from app.blobstore import Staged, blob_key, new_blob_id, store_answers, upload_key
+from app.db.models import AckRow, BlobRow, CheckpointRow
 from app.domain import lifecycle
 from app.domain.checkpoints import check_subtask, get_checkpoint_or_404
 from app.domain.context import Context, after_commit, get_job_or_404, now_ms
@@ -21,6 +22,7 @@ from app.observability import BLOB_BYTES
 from contract.models import BlobInfo, CorruptBlob
 
 Kind = Literal["operator", "channel"]
+log = logging.getLogger(__name__)
 
 
 def blob_info(b: BlobRow) -> BlobInfo:
@@ -64,6 +66,19 @@ async def _slot(s, job_id: int, cp_id: int, vertex: str, index: int) -> dict[str
         )
     )
     return {b.kind: b for b in rows.scalars()}
+
+
+async def _acked(s, job_id: int, cp_id: int, vertex: str, index: int) -> bool:
+    """Whether the subtask's ack of this checkpoint is recorded."""
+    found = await s.execute(
+        select(AckRow.subtask_index).where(
+            AckRow.job_id == job_id,
+            AckRow.checkpoint_id == cp_id,
+            AckRow.vertex == vertex,
+            AckRow.subtask_index == index,
+        )
+    )
+    return found.first() is not None
 
 
 def _same_or_conflict(
@@ -134,8 +149,14 @@ async def store(
         cp = await get_checkpoint_or_404(s, job_id, cp_id)
         check_subtask(job, vertex, index)
         prior = await _slot(s, job_id, cp_id, vertex, index)
+        acked = any(kind not in prior for kind in kinds) and await _acked(s, job_id, cp_id, vertex, index)
     if any(kind not in prior for kind in kinds):
         _check_open(cp, attempt, vertex, index)  # only a retry of what is stored already may come after completion
+        if acked:
+            raise Conflict(
+                f"subtask {vertex}[{index}] already sent an ack for checkpoint {cp_id}, which names no such blob; a "
+                "blob uploaded now could never be named by it; nothing was stored"
+            )
     else:
         belongs_to_attempt(attempt, cp.attempt, f"checkpoint {cp_id}", "this upload")
     staged: list[Staged] = []
@@ -156,7 +177,8 @@ async def store(
             moved = await asyncio.gather(*(ctx.store.commit(staged[i], keys[i]) for i in new), return_exceptions=True)
             for m in moved:
                 if isinstance(m, BaseException):
-                    raise m
+                    async with store_answers("when the upload was stored"):
+                        raise m
             async with ctx.tx() as s:
                 # Share-lock the checkpoint so an abort cannot slip between this check and the insert. (Its row is
                 # not `cp`: a failed insert rolls this session back and leaves its rows expired and detached.)
@@ -193,7 +215,10 @@ async def store(
             return [a for a in answers if a is not None]
         except BaseException as exc:
             for i in new:
-                await ctx.store.delete(keys[i])
+                try:
+                    await ctx.store.delete(keys[i])
+                except Exception as gone:  # noqa: BLE001 - under the checkpoint's prefix, no row: the sweep collects it
+                    log.warning("could not delete %s after a failed upload (the sweep collects it): %s", keys[i], gone)
             if isinstance(exc, Conflict) and isinstance(exc.__cause__, IntegrityError):
                 # A concurrent identical upload won the slot: answer as for a retry.
                 now_cp, won = await _existing(ctx, job_id, cp_id, vertex, index)
@@ -206,6 +231,37 @@ async def store(
     finally:
         for st in staged:
             st.discard()
+
+
+async def discard_unacked(ctx: Context, job_id: int, cp_id: int, blob_ids: list[str]) -> None:
+    """The ack that was to name these blobs (just stored for it, `acks/with-state`) was refused: delete those no
+    ack names, rows and objects, so the refused request leaves nothing and the subtask's slot is free for the state
+    it sends next. A blob an ack names (a concurrent identical report's, committed) stays. Should this fail, the
+    sweep collects them with their checkpoint's prefix, as any blob no ack names."""
+    if not blob_ids:
+        return
+    named = (
+        select(AckRow.subtask_index)
+        .where(
+            AckRow.job_id == job_id,
+            AckRow.checkpoint_id == cp_id,
+            or_(AckRow.operator_blob_id == BlobRow.id, AckRow.channel_blob_id == BlobRow.id),
+        )
+        .exists()
+    )
+    try:
+        async with ctx.tx() as s:
+            await get_job_or_404(s, job_id, lock=True)  # acks are recorded under it: none can name them meanwhile
+            doomed = list(
+                (await s.execute(select(BlobRow).where(BlobRow.id.in_(blob_ids), BlobRow.job_id == job_id, ~named)))
+                .scalars()
+            )
+            if doomed:
+                await s.execute(delete(BlobRow).where(BlobRow.id.in_([b.id for b in doomed])))
+        for b in doomed:
+            await ctx.store.delete(object_of(b)[0])
+    except Exception as exc:  # noqa: BLE001 - the refusal is the answer; the sweep collects what is left
+        log.warning("could not delete the blobs of a refused report for checkpoint %s of job %s: %s", cp_id, job_id, exc)
 
 
 def _check_blob_id(blob_id: str) -> None:
@@ -229,7 +285,8 @@ async def open_blob(ctx: Context, job_id: int, blob_id: str) -> BlobRow:
     async with ctx.tx(readonly=True) as s:
         row = await _stored_row(s, job_id, blob_id)
     key, offset = object_of(row)
-    size = await ctx.store.size(key)
+    async with store_answers(f"whether object {key} of blob {blob_id} is there"):
+        size = await ctx.store.size(key)
     if size is None or size < offset + row.size:
         raise NotFound(
             f"blob {blob_id} of job {job_id} is recorded but "

@@ -29,6 +29,7 @@ from typing import Literal
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.blobstore import store_answers
 from app.db.models import AckRow, BlobRow, CheckpointRow, JobRow
 from app.domain.blobs import object_of
 from app.domain.context import Context, now_ms
@@ -109,7 +110,7 @@ async def _verify_sizes(ctx: Context, used: list[tuple[str, BlobRow]]) -> str | 
     gate = asyncio.Semaphore(STAT_CONCURRENCY)
 
     async def size(key: str) -> int | None:
-        async with gate:
+        async with gate, store_answers(f"whether object {key} is there (no restore plan was made)"):
             return await ctx.store.size(key)
 
     keys = list(ends)
@@ -127,7 +128,8 @@ async def _verify_sha256(ctx: Context, used: list[tuple[str, BlobRow]]) -> str |
     """Each blob read whole and hashed (OVERTAKE_VERIFY_BLOBS_ON_RESTORE=sha256)."""
     for who, row in used:
         key, offset = object_of(row)
-        actual = await ctx.store.sha256(key, offset, row.size)
+        async with store_answers(f"with the bytes of object {key} (no restore plan was made)"):
+            actual = await ctx.store.sha256(key, offset, row.size)
         if actual is None:
             return f"blob {row.id} of subtask {who} is missing from the blob store (object {key})"
         if actual != row.sha256:

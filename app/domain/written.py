@@ -11,16 +11,17 @@ duplicate even when the checkpoint's objects were collected since.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.blobstore import checkpoint_prefix, new_blob_id
-from app.db.models import BlobRow, CheckpointRow
+from app.blobstore import checkpoint_prefix
+from app.db.models import AckRow, BlobRow, CheckpointRow
 from app.domain.context import Context
-from app.errors import DomainError, Forbidden, Invalid, Unavailable
+from app.errors import Conflict, DomainError, Forbidden, Invalid, Unavailable
 from contract.models import CheckpointStatus, SegmentPart, SubtaskAck, WrittenState
 
 STAT_TIMEOUT = 30.0  # seconds an ack waits at most for the store to say whether its object is there
@@ -145,8 +146,22 @@ def blob_rows(job_id: int, cp_id: int, a: SubtaskAck, operator_blob_id, channel_
 
 
 def blob_ids(w: WrittenState) -> tuple[str | None, str | None]:
-    """New blob ids for the parts of a written object that hold state (operator, channel)."""
-    return (new_blob_id() if w.operator_size > 0 else None, new_blob_id() if w.channel_size > 0 else None)
+    """The blob ids of the parts of a written object that hold state (operator, channel): derived from the object's
+    key (which names its job and checkpoint) and the part, so the rows of a second ack naming the same object
+    collide with the first's, and the committer refuses it (`object_taken`)."""
+
+    def derived(kind: str) -> str:
+        return hashlib.sha256(f"{w.key}#{kind}".encode()).hexdigest()[:32]
+
+    return (derived("operator") if w.operator_size > 0 else None, derived("channel") if w.channel_size > 0 else None)
+
+
+def object_taken(a: SubtaskAck, cp_id: int, owner: tuple[str, int]) -> DomainError:
+    """The refusal of an ack naming an object another subtask's ack of the checkpoint named."""
+    return Conflict(
+        f"subtask {a.vertex}[{a.subtask_index}] acks object {a.written.key}, which subtask {owner[0]}[{owner[1]}] "
+        f"acked for checkpoint {cp_id}; each subtask acks the object it wrote; nothing was recorded"
+    )
 
 
 # ====================================================================================== incremental channel state
@@ -186,35 +201,63 @@ def reference_refusal(job_id: int, cp_id: int, a: SubtaskAck) -> DomainError | N
     return None
 
 
-async def referenced_blobs(s: AsyncSession, job_id: int, acks: list[SubtaskAck]) -> dict[str, tuple[BlobRow, str]]:
-    """The channel blob of each object the acks' channel state references, with its checkpoint's status (read
-    under the job row lock, so no release runs between this check and the references' insert)."""
+Referenced = dict[str, tuple[BlobRow, str, bool]]
+"""key -> (its channel blob, its checkpoint's status, whether an ack of that checkpoint names the blob)."""
+
+
+async def referenced_blobs(s: AsyncSession, job_id: int, acks: list[SubtaskAck]) -> Referenced:
+    """The channel blob of each object the acks' channel state references, with its checkpoint's status and whether
+    an ack of that checkpoint names it (read under the job row lock, so no release runs between this check and the
+    references' insert)."""
     keys = {p.key for a in acks for p in _references(a)}
     if not keys:
         return {}
+    acked = (
+        select(AckRow.subtask_index)
+        .where(
+            AckRow.job_id == BlobRow.job_id,
+            AckRow.checkpoint_id == BlobRow.checkpoint_id,
+            AckRow.channel_blob_id == BlobRow.id,
+        )
+        .exists()
+    )
     rows = await s.execute(
-        select(BlobRow, CheckpointRow.status)
+        select(BlobRow, CheckpointRow.status, acked)
         .join(CheckpointRow, (CheckpointRow.job_id == BlobRow.job_id) & (CheckpointRow.id == BlobRow.checkpoint_id))
         .where(BlobRow.job_id == job_id, BlobRow.kind == "channel", BlobRow.key.in_(keys))
     )
-    return {b.key: (b, status) for b, status in rows}
+    return {b.key: (b, status, bool(named)) for b, status, named in rows}
 
 
-def check_references(job_id: int, cp_id: int, a: SubtaskAck, found: dict[str, tuple[BlobRow, str]]) -> None:
-    """Every object the ack references holds channel state of a completed checkpoint of the job that is still
-    kept, and every range lies within it; else the ack is refused (422) naming the object."""
+def check_references(job_id: int, cp_id: int, a: SubtaskAck, found: Referenced, savepoint: bool = False) -> None:
+    """Every object the ack references holds channel state an ack of a completed checkpoint of the job named, that
+    is still kept, and every range lies within it; else the ack is refused (422) naming the object. (A blob no ack
+    names is collected once its checkpoint's late writes are over, whatever references it.)"""
     refusal = reference_refusal(job_id, cp_id, a)
     if refusal is not None:
         raise refusal
     who = f"subtask {a.vertex}[{a.subtask_index}]"
-    for p in _references(a):
+    refs = _references(a)
+    if savepoint and refs:
+        raise Invalid(
+            f"{who}'s channel state for savepoint {cp_id} references object {refs[0].key}; a savepoint holds its "
+            "state whole (it is never collected, and would hold the checkpoints it references for good): write "
+            "those buffers into its own object; nothing was recorded"
+        )
+    for p in refs:
         hit = found.get(p.key)
         if hit is None:
             raise Invalid(
                 f"{who}'s channel state references object {p.key}, which holds no channel state this coordinator "
                 f"recorded for job {job_id}; write those buffers again; nothing was recorded"
             )
-        blob, status = hit
+        blob, status, named = hit
+        if status == CheckpointStatus.completed.value and not named:
+            raise Invalid(
+                f"{who}'s channel state references object {p.key}, which no ack of checkpoint {blob.checkpoint_id} "
+                "names (it is collected with that checkpoint's unacked objects); write those buffers again; nothing "
+                "was recorded"
+            )
         if status != CheckpointStatus.completed.value or blob.status != "stored":
             state = "no longer kept" if status == CheckpointStatus.completed.value else status.lower()
             raise Invalid(
@@ -228,7 +271,7 @@ def check_references(job_id: int, cp_id: int, a: SubtaskAck, found: dict[str, tu
             )
 
 
-def segments_with_blob_ids(segments: list[dict], found: dict[str, tuple[BlobRow, str]]) -> list[dict]:
+def segments_with_blob_ids(segments: list[dict], found: Referenced) -> list[dict]:
     """The ack's segments as recorded: each referencing part names the blob that holds it (restore plans)."""
     for seg in segments:
         for p in seg.get("parts") or []:

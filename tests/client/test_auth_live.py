@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+import httpx
 import pytest
 
 from client.errors import Forbidden, Unauthorized
@@ -43,3 +46,45 @@ def test_a_task_token_cannot_manage_jobs(admin):
     attempt = admin.start_attempt(job.id)
     with admin.with_token(attempt.task_token) as task, pytest.raises((Forbidden, Unauthorized)):
         task.cancel_job(job.id)
+
+
+def _stream_events(url: str, job_id: int, token: str, while_open, until: tuple | None = None) -> list[tuple]:
+    """(type, attempt) of the events a stream opened with `token` delivers, after `while_open()` ran with it open:
+    until the coordinator ends it, or through the event `until`."""
+    seen = []
+    with httpx.Client(base_url=url, timeout=httpx.Timeout(30.0)) as http:
+        auth = {"Authorization": f"Bearer {token}"}
+        with http.stream("GET", f"/api/v1/jobs/{job_id}/events", headers=auth) as stream:
+            assert stream.status_code == 200
+            while_open()
+            for line in stream.iter_lines():
+                if line.startswith("data:"):
+                    event = json.loads(line[len("data:") :])
+                    seen.append((event["type"], event["data"].get("attempt")))
+                    if seen[-1] == until:
+                        break
+    return seen
+
+
+def test_a_task_tokens_event_stream_ends_when_a_later_attempt_starts(admin, secured_coordinator):
+    """The token of attempt 1 stops working when attempt 2 starts; a stream it opened before must not go on to hand
+    its holder attempt 2's events, whose checkpoint triggers carry write targets into the blob store."""
+    job = admin.create_job(job_spec())
+    first = admin.start_attempt(job.id)
+
+    def next_attempt_triggers():
+        admin.start_attempt(job.id)
+        admin.trigger_checkpoint(job.id)
+
+    seen = _stream_events(
+        secured_coordinator.url, job.id, first.task_token, next_attempt_triggers, until=("checkpoint.triggered", 2)
+    )
+    assert seen == [("attempt.started", 1), ("attempt.started", 2)]  # the stream ended there
+    # a later attempt's token reads the older attempts' starts and goes on to its own events
+    third = admin.start_attempt(job.id)
+    seen = _stream_events(
+        secured_coordinator.url, job.id, third.task_token, lambda: admin.trigger_checkpoint(job.id),
+        until=("checkpoint.triggered", 3),
+    )
+    assert seen == [("attempt.started", 1), ("attempt.started", 2), ("checkpoint.triggered", 2),
+                    ("checkpoint.aborted", 2), ("attempt.started", 3), ("checkpoint.triggered", 3)]

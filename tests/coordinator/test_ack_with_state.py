@@ -121,6 +121,31 @@ async def test_bad_reports_are_4xx_that_say_what_is_wrong_and_store_nothing(api)
 
 
 
+async def test_a_report_whose_ack_is_refused_stores_nothing_and_the_corrected_one_is_taken(api):
+    """Its blobs are stored before its ack is committed; when the committer refuses the ack, the blobs go again, so
+    the subtask may send other state for the checkpoint (the slot is free), and nothing lingers."""
+    job = await api.job()
+    await api.trigger(job["id"])
+    refused = await report(api, job["id"], 1, "agg", 0, operator=b"op", channel=b"channel bytes",
+                           key_group_start=0, key_group_end=40)
+    assert refused.status_code == 422 and "16 key groups" in refused.json()["error"]["message"], refused.text
+    assert await _count_blobs(api) == 0 and _stored_files(api) == []
+    corrected = await report(api, job["id"], 1, "agg", 0, operator=b"other op", channel=b"other channel",
+                             key_group_start=0, key_group_end=7)
+    assert corrected.status_code == 200, corrected.text
+    assert await _count_blobs(api) == 2 and len(_stored_files(api)) == 2
+
+
+async def test_a_report_from_a_subtask_that_acked_already_is_409_and_stores_nothing(api):
+    job = await api.job()
+    await api.trigger(job["id"])
+    assert (await api.ack(job["id"], 1, "agg", 0)).status_code == 200
+    late = await report(api, job["id"], 1, "agg", 0, operator=b"state after the ack")
+    assert late.status_code == 409 and "already sent an ack" in late.json()["error"]["message"], late.text
+    assert await _count_blobs(api) == 0 and _stored_files(api) == []
+    assert (await api.checkpoint(job["id"], 1))["num_acknowledged_subtasks"] == 1
+
+
 async def test_a_multipart_boundary_the_parser_cannot_take_is_422_not_500(api):
     job = await api.job()
     await api.trigger(job["id"])

@@ -129,6 +129,16 @@ async def test_upload_for_an_aborted_checkpoint_or_wrong_attempt_is_409(api):
     assert await _count_blobs(api) == 0
 
 
+async def test_an_upload_from_a_subtask_that_acked_already_is_409_and_stores_nothing(api):
+    """Its ack is recorded and names no such blob: nothing could ever name the blob."""
+    job = await api.job()
+    await api.trigger(job["id"])
+    assert (await api.ack(job["id"], 1, "agg", 0)).status_code == 200
+    r = await api.upload(job["id"], 1, "agg", 0, b"state after the ack")
+    assert r.status_code == 409 and "already sent an ack for checkpoint 1" in r.json()["error"]["message"], r.text
+    assert await _count_blobs(api) == 0 and _stored_files(api) == []
+
+
 async def test_aborting_a_checkpoint_deletes_its_blobs(api):
     job = await api.job(tolerable_failures=5)
     await api.trigger(job["id"])

@@ -137,6 +137,46 @@ async def test_a_reference_to_an_object_the_coordinator_never_recorded_is_422_na
     assert await rows(api, ChannelStateRefRow) == 0
 
 
+async def test_a_reference_to_an_uploaded_blob_no_ack_of_its_checkpoint_names_is_422_and_records_nothing(store_api):
+    """Such a blob is collected with its checkpoint's unacked objects once that checkpoint's late writes are over:
+    a reference to it would leave the referencing checkpoint unrestorable then."""
+    api = store_api
+    job = await api.job(incremental_channel_state=True, retained=2)
+    await api.trigger(job["id"])
+    orphan = await api.upload(job["id"], 1, "agg", 0, b"uploaded, then acked without it", kind="channel")
+    assert orphan.status_code == 201, orphan.text
+    assert all(r.status_code == 200 for r in await api.ack_all(job, 1))
+    assert (await api.checkpoint(job["id"], 1))["status"] == "COMPLETED"
+    await api.trigger(job["id"])
+    key = await write_object(await target_of(api, job["id"], 2), "agg-0-a1.state", b"opnew")
+    orphan_key = checkpoint_prefix(job["id"], 1) + orphan.json()["blob_id"]
+    parts = [{"key": orphan_key, "offset": 0, "length": 3}, {"offset": 0, "length": 3}]
+    r = await api.ack(job["id"], 2, "agg", 0, written=written(key, b"op", b"new"),
+                      channel_segments=[_input_segment(0, parts)])
+    assert r.status_code == 422, r.text
+    assert orphan_key in r.json()["error"]["message"] and "no ack of checkpoint 1 names" in r.text
+    assert await rows(api, AckRow, job_id=job["id"], checkpoint_id=2) == 0
+    assert await rows(api, ChannelStateRefRow) == 0
+
+
+async def test_a_savepoint_whose_channel_state_references_earlier_objects_is_422_and_records_nothing(store_api):
+    """A savepoint holds its state whole (its write target never takes references): it is never collected, so the
+    checkpoints whose objects it referenced would be held, whole prefixes, for good."""
+    api = store_api
+    job = await api.job(incremental_channel_state=True, retained=1)
+    _, earlier = await complete_written(api, job, "one")
+    savepoint = (await api.client.post(f"/api/v1/jobs/{job['id']}/savepoints", json={})).json()["id"]
+    key = await write_object(await target_of(api, job["id"], savepoint), "agg-0-a1.state", b"opnew")
+    old_key, _, out, inp = earlier[("agg", 0)]
+    parts = [{"key": old_key, "offset": len(out), "length": len(inp)}, {"offset": 0, "length": 3}]
+    r = await api.ack(job["id"], savepoint, "agg", 0, written=written(key, b"op", b"new"),
+                      channel_segments=[_input_segment(0, parts)])
+    assert r.status_code == 422, r.text
+    assert "savepoint" in r.json()["error"]["message"] and old_key in r.json()["error"]["message"]
+    assert await rows(api, AckRow, job_id=job["id"], checkpoint_id=savepoint) == 0
+    assert await rows(api, ChannelStateRefRow) == 0
+
+
 async def test_a_reference_past_the_end_of_the_referenced_channel_state_or_to_a_later_checkpoint_is_422(store_api):
     api = store_api
     job = await api.job(incremental_channel_state=True, retained=2)

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlparse
@@ -205,6 +206,43 @@ async def test_an_ack_is_counted_only_when_its_object_exists_with_its_size(store
     # once written whole, the same subtask's ack is counted
     await write_object(target, "agg-0-a1.state", b"x" * says)
     assert (await api.ack(job["id"], 1, "agg", 0, written=body)).status_code == 200
+
+
+async def test_an_ack_naming_another_subtasks_object_is_409_and_records_nothing(store_api):
+    """Each subtask acks the object it wrote: a restore would hand the other subtask's state to it otherwise. So
+    too for two acks of one batch."""
+    api = store_api
+    job = await api.job()
+    await api.trigger(job["id"])
+    target = await target_of(api, job["id"], 1)
+    theirs = await write_object(target, "agg-1-a1.state", b"agg[1]'s state")
+    assert (await api.ack(job["id"], 1, "agg", 1, written=written(theirs, b"agg[1]'s state", b""))).status_code == 200
+    r = await api.ack(job["id"], 1, "agg", 0, written=written(theirs, b"agg[1]'s state", b""))
+    assert r.status_code == 409, r.text
+    assert theirs in r.json()["error"]["message"] and "subtask agg[1] acked" in r.json()["error"]["message"]
+    assert await rows(api, AckRow, job_id=job["id"], vertex="agg", subtask_index=0) == 0
+    shared = await write_object(target, "src-0-a1.state", b"src state")
+    acks = [{"attempt": 1, "vertex": "src", "subtask_index": i, "written": written(shared, b"src state", b"")}
+            for i in (0, 1)]
+    r = await api.client.post(f"/api/v1/jobs/{job['id']}/checkpoints/1/acks/batch", json={"acks": acks})
+    assert [item["status_code"] for item in r.json()["items"]] == [200, 409], r.text
+    assert await rows(api, BlobRow, job_id=job["id"], key=shared) == 1
+    assert (await api.checkpoint(job["id"], 1))["num_acknowledged_subtasks"] == 2
+
+
+async def test_an_ack_whose_segments_claim_the_same_bytes_twice_is_422_and_records_nothing(store_api):
+    """A restore would replay those bytes on both channels: records twice, or on a channel they never travelled."""
+    api = store_api
+    job = await api.job()
+    await api.trigger(job["id"])
+    target = await target_of(api, job["id"], 1)
+    key = await write_object(target, "agg-0-a1.state", b"op" + b"outin")
+    segments = _segments(b"out", b"in", 0)
+    segments[1]["offset"] = 2  # the input segment starts inside the output segment's bytes
+    r = await api.ack(job["id"], 1, "agg", 0, written=written(key, b"op", b"outin"), channel_segments=segments)
+    assert r.status_code == 422, r.text
+    assert "both hold bytes 2..2" in r.json()["error"]["message"]
+    assert await rows(api, AckRow, job_id=job["id"]) == 0 and await rows(api, BlobRow, job_id=job["id"]) == 0
 
 
 async def test_the_same_written_ack_again_is_a_duplicate_and_a_different_one_is_409(store_api):
@@ -460,6 +498,36 @@ async def test_a_completed_checkpoints_unacked_objects_are_collected_and_its_ack
     assert plan["checkpoint_id"] == cp and plan["fallbacks"] == []
 
 
+def _objects_in_bucket(store: S3BlobStore) -> set[str]:
+    """Every object in the store's bucket, as S3 lists them (s3fs's listing leaves out keys ending in '/')."""
+    import boto3
+
+    pages = boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=store.bucket)
+    return {o["Key"] for page in pages for o in page.get("Contents", [])}
+
+
+@pytest.mark.parametrize("name", ["", "name/"], ids=["the-prefix-itself", "ending-in-a-slash"])
+async def test_an_s3_object_whose_key_ends_in_a_slash_goes_with_its_checkpoints_prefix(make_api, s3_bucket, name):
+    """A presigned POST admits any key under the prefix, the prefix itself and ``name/`` too; S3 stores those as
+    objects like any other, and cleaning by prefix deletes them with the rest (aborted, and pruned when completed)."""
+    async with make_api(blob_url=s3_bucket) as api:
+        job = await api.job(tolerable_failures=5, retained=3)
+        await api.trigger(job["id"])
+        aborted = await target_of(api, job["id"], 1)
+        await write_object(aborted, name, b"written by a subtask's bug, never acked")
+        await api.client.post(
+            f"/api/v1/jobs/{job['id']}/checkpoints/1/declines",
+            json={"attempt": 1, "vertex": "src", "subtask_index": 1, "reason": "no"},
+        )
+        cp, state = await complete_written(api, job, "one")
+        completed = await target_of(api, job["id"], cp)
+        await write_object(completed, name, b"written by a subtask's bug, never acked")
+        base = api.ctx.store.base
+        assert base + completed["prefix"] + name in _objects_in_bucket(api.ctx.store)
+        await api.ctx.sweep_state(now=2**46)
+        assert _objects_in_bucket(api.ctx.store) == {base + key for key, *_ in state.values()}
+
+
 async def test_a_blob_uploaded_but_never_acked_is_collected_with_its_row(store_api):
     api = store_api
     job = await api.job(retained=3)
@@ -573,6 +641,77 @@ async def test_a_cut_written_object_makes_the_plan_fall_back_without_reading_it(
     plan = (await api.client.get(f"/api/v1/jobs/{job['id']}/restore-plan")).json()
     assert plan["checkpoint_id"] == older
     assert plan["fallbacks"][0]["checkpoint_id"] == newer and key in plan["fallbacks"][0]["reason"]
+
+
+async def test_an_object_replaced_by_a_directory_makes_a_hashing_plan_fall_back(make_api):
+    """With OVERTAKE_VERIFY_BLOBS_ON_RESTORE=sha256 the plan reads each blob: a directory where an acked object was
+    is no object (as for a stat), so the plan passes over its checkpoint, and the new attempt starts from the older."""
+    async with make_api(verify_blobs_on_restore="sha256") as api:
+        job = await api.job(retained=3)
+        older, _ = await complete_written(api, job, "one")
+        newer, state = await complete_written(api, job, "two")
+        key = state[("agg", 1)][0]
+        path = api.ctx.store.root / key
+        path.unlink()
+        path.mkdir()
+        r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={})
+        assert r.status_code == 201, r.text
+        plan = r.json()["restore_plan"]
+        assert plan["checkpoint_id"] == older
+        assert plan["fallbacks"][0]["checkpoint_id"] == newer and key in plan["fallbacks"][0]["reason"]
+
+
+@asynccontextmanager
+async def unreachable(make_api, monkeypatch):
+    """The coordinator again, on the same database, with its S3 endpoint where nothing listens."""
+    import s3fs
+
+    from app.local import free_port
+
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # the client gives up at once (s3fs still tries a few times)
+    s3fs.S3FileSystem.clear_instance_cache()  # the coordinator's client is made again, for that endpoint
+    try:
+        async with make_api(blob_url=os.environ["OVERTAKE_TEST_BLOB_URL"]) as api:
+            yield api
+    finally:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        monkeypatch.delenv("AWS_MAX_ATTEMPTS")
+        s3fs.S3FileSystem.clear_instance_cache()
+
+
+async def test_a_store_that_cannot_be_reached_makes_a_restore_503_and_changes_nothing(make_api, s3_bucket, monkeypatch):
+    """Whether the objects are there is unknown then: no plan (neither the checkpoint nor a fallback past it),
+    no new attempt, a 503 naming the object; the same restore works once the store answers."""
+    monkeypatch.setenv("OVERTAKE_TEST_BLOB_URL", s3_bucket)
+    async with make_api(blob_url=s3_bucket) as api:
+        job = await api.job(retained=3)
+        cp, _ = await complete_written(api, job, "one")
+    async with unreachable(make_api, monkeypatch) as api:
+        r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={})
+        assert r.status_code == 503, r.text
+        assert f"job-{job['id']}/cp-" in r.json()["error"]["message"] and "retry" in r.json()["error"]["message"]
+        attempts = (await api.client.get(f"/api/v1/jobs/{job['id']}/attempts")).json()
+        assert [a["attempt"] for a in attempts["items"]] == [1]
+    async with make_api(blob_url=s3_bucket) as api:
+        r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={})
+        assert r.status_code == 201 and r.json()["restore_plan"]["checkpoint_id"] == cp, r.text
+
+
+async def test_a_store_that_cannot_be_reached_makes_blob_reads_and_uploads_503(make_api, s3_bucket, monkeypatch):
+    monkeypatch.setenv("OVERTAKE_TEST_BLOB_URL", s3_bucket)
+    async with make_api(blob_url=s3_bucket) as api:
+        job = await api.job(retained=3)
+        await complete_written(api, job, "one")
+        blob_id = (await api.client.get(f"/api/v1/jobs/{job['id']}/restore-plan")).json()["subtasks"][0]["blobs"][0]
+        await api.trigger(job["id"])
+    async with unreachable(make_api, monkeypatch) as api:
+        read = await api.client.get(f"/api/v1/jobs/{job['id']}/blobs/{blob_id['blob_id']}")
+        assert read.status_code == 503 and "did not answer" in read.json()["error"]["message"], read.text
+        upload = await api.upload(job["id"], 2, "agg", 0, b"state")
+        assert upload.status_code == 503 and "did not answer" in upload.json()["error"]["message"], upload.text
+        assert await rows(api, BlobRow, job_id=job["id"], checkpoint_id=2) == 0
 
 
 async def test_a_corrupt_report_makes_the_next_plan_fall_back_naming_blob_and_reporter(store_api):
