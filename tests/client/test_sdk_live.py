@@ -102,22 +102,13 @@ def test_a_repeated_ack_is_a_duplicate_and_a_different_one_conflicts(sdk, runnin
     again = upload_and_ack(sdk, attempt, cp, "src", 0)
     assert (first.duplicate, again.duplicate) == (False, True)
     assert again.num_acknowledged_subtasks == 1
-    info = sdk.upload_blob(
-        job.id,
-        cp.id,
-        attempt=attempt.attempt,
-        vertex="src",
-        subtask_index=0,
-        kind="channel",
-        data=b"in-flight",
-    )
-    other = SubtaskAck(
-        attempt=attempt.attempt,
-        vertex="src",
-        subtask_index=0,
-        channel_state=BlobRef(blob_id=info.blob_id, sha256=info.sha256, size=info.size),
-        metrics=AckMetrics(sync_duration=99),
-    )
+    # state uploaded after the subtask's ack could never be named by it: refused before anything is stored
+    with pytest.raises(Conflict) as late:
+        sdk.upload_blob(
+            job.id, cp.id, attempt=attempt.attempt, vertex="src", subtask_index=0, kind="channel", data=b"in-flight"
+        )
+    assert "already sent an ack" in str(late.value)
+    other = SubtaskAck(attempt=attempt.attempt, vertex="src", subtask_index=0, metrics=AckMetrics(sync_duration=99))
     with pytest.raises(Conflict) as conflict:
         sdk.ack(job.id, cp.id, other)
     assert conflict.value.status_code == 409
