@@ -32,6 +32,9 @@ from app.errors import Conflict, DomainError, Invalid, TooLarge, Unavailable
 from app.registry import SchemeRegistry
 from contract.models import STATE_KEY_PATTERN, WriteTarget, state_prefix
 
+MARKER = ".overtake-deployment"
+"""The object at a blob store's root that names the deployment whose checkpoints it holds (`claim`)."""
+MARKER_MAX = 4096
 LEGACY_KEY_RE = re.compile(r"^job-[0-9]+/[0-9a-f]{32}$")
 STATE_KEY_RE = re.compile(STATE_KEY_PATTERN)
 PREFIX_RE = re.compile(r"^job-[0-9]{1,19}/cp-[0-9]{12,19}/$")
@@ -178,6 +181,11 @@ class BlobStore(Protocol):
         """URLs a subtask reads the objects from itself (empty: through the coordinator)."""
 
     async def check(self) -> None: ...
+
+    async def read_marker(self) -> bytes | None:
+        """The deployment marker at the store's root (`claim`), or None when there is none."""
+
+    async def write_marker(self, data: bytes) -> None: ...
 
 
 class _Base:
@@ -449,6 +457,32 @@ class FileBlobStore(_Base):
         if not os.access(self.root, os.W_OK):
             raise OSError(f"blob directory {self.root} is not writable")
 
+    async def read_marker(self) -> bytes | None:
+        def read() -> bytes | None:
+            try:
+                with _open_object(self.root / MARKER) as f:
+                    return f.read(MARKER_MAX)
+            except FileNotFoundError:
+                return None
+
+        return await asyncio.to_thread(read)
+
+    async def write_marker(self, data: bytes) -> None:
+        def write() -> None:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".marker-")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.root / MARKER)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+
+        await asyncio.to_thread(write)
+
 
 class FsspecBlobStore(_Base):
     """Any fsspec filesystem (gs://, az://, memory://...): state goes through the coordinator (no write targets,
@@ -538,6 +572,21 @@ class FsspecBlobStore(_Base):
 
     async def check(self) -> None:
         await asyncio.to_thread(self.fs.ls, self.root or "/")
+
+    async def read_marker(self) -> bytes | None:
+        def read() -> bytes | None:
+            path = f"{self.root}/{MARKER}"
+            try:
+                info = self.fs.info(path)
+                # an object larger than any marker is none of Overtake's (read as such, not read whole)
+                return self.fs.cat_file(path) if int(info.get("size") or 0) <= MARKER_MAX else b""
+            except FileNotFoundError:
+                return None
+
+        return await asyncio.to_thread(read)
+
+    async def write_marker(self, data: bytes) -> None:
+        await asyncio.to_thread(self.fs.pipe_file, f"{self.root}/{MARKER}", data)
 
 
 class S3BlobStore(FsspecBlobStore):
@@ -651,3 +700,38 @@ for _scheme in ("gs", "gcs", "az", "abfs", "memory"):  # fsspec's other object s
 def blob_store_from_url(url: str, data_dir: Path) -> BlobStore:
     """The blob store for the URL's scheme, from the table of known blob-store schemes."""
     return BLOB_STORES.create(url, data_dir=data_dir)
+
+
+class StoreTaken(Unavailable):
+    """The blob store holds another deployment's checkpoints (`claim`): the coordinator does not start, and, had the
+    store not answered at its start, writes and deletes nothing in it (503, naming both deployments)."""
+
+
+async def claim(store: BlobStore, namespace: str) -> None:
+    """Make sure the store holds this deployment's checkpoints only: its root's marker names `namespace`, or there
+    is none yet and this deployment writes it. Raises :class:`StoreTaken` when it names another deployment.
+
+    Two deployments (two databases) given one blob URL would share its prefixes: job and checkpoint ids start at 1
+    in every database, so one deployment's `job-1/cp-…` is the other's too, and each would delete the other's
+    checkpoints as it aborts and retires its own. Written, then read back: of two deployments claiming an empty
+    store at once, the one whose marker was overwritten finds out."""
+    import json
+
+    current = await store.read_marker()
+    if current is None:
+        await store.write_marker(json.dumps({"namespace": namespace}).encode())
+        current = await store.read_marker()
+    try:
+        owner = json.loads(current or b"")["namespace"]
+    except (ValueError, KeyError, TypeError):
+        owner = None
+    if owner != namespace:
+        where = f"{store.url.rstrip('/')}/{MARKER}"
+        held = f"deployment {owner!r}" if owner else f"something else (its {MARKER} is not Overtake's)"
+        raise StoreTaken(
+            f"the blob store {store.url} holds the checkpoints of {held} ({where}), and this coordinator is "
+            f"deployment {namespace!r} (OVERTAKE_NAMESPACE, by default derived from the database URL). Two "
+            "deployments on one blob URL would delete each other's checkpoints (their job ids overlap): give this "
+            "one a blob URL of its own (another prefix), or, if it is a replica of that deployment, give it the same "
+            "OVERTAKE_NAMESPACE"
+        )

@@ -21,6 +21,7 @@ from app import __doc__ as APP_DOC
 from app.api import acks, checkpoints, jobs, live, ops, subtasks, ui
 from app.api.guards import CrossOriginGuard, RequestGuard
 from app.auth import Auth
+from app.blobstore import StoreTaken
 from app.db.migrate import upgrade
 from app.domain.acks import AckCommitter
 from app.domain.context import Context
@@ -31,6 +32,7 @@ from app.scheduler import Scheduler
 from app.settings import Settings
 
 log = logging.getLogger("overtake")
+CLAIM_TIMEOUT = 15.0  # seconds the start waits for the blob store to say who holds it
 UI_DIST = Path(__file__).parent / "ui" / "dist"
 VERSION = "0.1.0"
 
@@ -59,6 +61,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.auto_migrate:
             await asyncio.to_thread(upgrade, settings.effective_database_url)
         await ctx.bus.start()
+        await _claim_store(ctx)
         committer = AckCommitter(ctx)
         await committer.start()
         app.state.committer = committer
@@ -229,6 +232,20 @@ def _document_errors(app: FastAPI) -> None:
         return spec
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+async def _claim_store(ctx: Context) -> None:
+    """Claim an explicitly configured blob store for this deployment (`blobstore.claim`): another deployment's
+    store stops the start, with the message saying what to do. A store that does not answer within the bound is
+    claimed later, before anything is written into it or deleted from it."""
+    if ctx.cleaner.owner is None:
+        return
+    try:
+        await asyncio.wait_for(ctx.cleaner.ensure_claimed(), CLAIM_TIMEOUT)
+    except StoreTaken:
+        raise
+    except Exception as exc:  # noqa: BLE001 - unreachable for now: claimed before its first write or delete
+        log.warning("could not check who holds blob store %s (%r); checked again before it is used", ctx.store.url, exc)
 
 
 def _route_security(app: FastAPI) -> dict[str, list[dict]]:

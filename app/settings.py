@@ -35,8 +35,9 @@ class Settings(BaseSettings):
     namespace: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z0-9_.\-]{1,64}$",
-        description="This deployment's identity on the event bus; default: derived from the database URL, so "
-        "replicas of one deployment share it and deployments sharing a Redis never mix.",
+        description="This deployment's identity on the event bus and in the blob store it claims; default: derived "
+        "from the database URL, so replicas of one deployment share it and deployments sharing a Redis or a blob URL "
+        "never mix.",
     )
     admin_token: str | None = Field(
         default=None, description="Bearer token for management routes; unset = open."

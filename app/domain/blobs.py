@@ -144,6 +144,7 @@ async def store(
     kinds = [kind for kind, _, _ in parts]
     if len(set(kinds)) != len(kinds):
         raise Invalid(f"at most one blob of each kind per request, got {kinds}")
+    await ctx.cleaner.ensure_claimed()  # nothing into a store another deployment holds
     async with ctx.tx(readonly=True) as s:
         job = await get_job_or_404(s, job_id)
         cp = await get_checkpoint_or_404(s, job_id, cp_id)

@@ -26,7 +26,7 @@ from sqlalchemy import bindparam, delete, exists, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app.blobstore import BlobStore, blob_key, checkpoint_prefix
+from app.blobstore import BlobStore, blob_key, checkpoint_prefix, claim
 from app.db.models import AckRow, BlobRow, ChannelStateRefRow, CheckpointRow
 from app.db.session import Database
 from app.observability import BLOBS_DELETED
@@ -175,10 +175,21 @@ def prune_when_late_writes_are_over(cp: CheckpointRow) -> None:
 class Cleaner:
     """Cleans checkpoints' prefixes: `clean` one (after the commit that released it), `sweep` those due."""
 
-    def __init__(self, db: Database, store: BlobStore, late_write_grace_ms: int) -> None:
+    def __init__(self, db: Database, store: BlobStore, late_write_grace_ms: int, owner: str | None = None) -> None:
         self.db = db
         self.store = store
         self.grace = late_write_grace_ms
+        self.owner = owner
+        """The deployment that must hold the store (`blobstore.claim`) before anything in it is deleted; None: no
+        claim (the embedded default, whose store lies in the deployment's own data directory)."""
+        self._claimed = owner is None
+
+    async def ensure_claimed(self) -> None:
+        """Claim the store for `owner` once; raises `StoreTaken` (or the store's error) and deletes nothing until
+        then."""
+        if not self._claimed:
+            await claim(self.store, self.owner)
+            self._claimed = True
 
     async def clean(self, job_id: int, cp_id: int, now: int) -> None:
         async with self.db.session(readonly=True) as s:
@@ -207,6 +218,7 @@ class Cleaner:
                     )
                 )
                 referenced = {b for pair in acks for b in pair if b}
+        await self.ensure_claimed()  # never delete from a store another deployment holds
         late_until = timeout_at + self.grace
         prefix = checkpoint_prefix(job_id, cp_id)
         dropped: list[str] = []

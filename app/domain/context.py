@@ -47,7 +47,10 @@ class Context:
         self.db = Database(settings.effective_database_url, settings.db_pool_size)
         self.store: BlobStore = blob_store_from_url(settings.effective_blob_url, settings.data_dir)
         self.bus: EventBus = event_bus_from_url(settings.event_bus_url, settings.effective_namespace)
-        self.cleaner = Cleaner(self.db, self.store, int(settings.late_write_grace * 1000))
+        # An explicit blob URL may be given to other deployments too: it is claimed before anything is written into
+        # it or deleted from it. The default store lies in this deployment's own data directory.
+        owner = settings.effective_namespace if settings.blob_url else None
+        self.cleaner = Cleaner(self.db, self.store, int(settings.late_write_grace * 1000), owner)
         self._background: set[asyncio.Task] = set()
         self.live: LiveBackpressure | None = None
         """The subtasks' live metrics this replica received (set by the app)."""
@@ -94,6 +97,7 @@ class Context:
         when they upload it through the coordinator (OVERTAKE_STATE_WRITES=coordinator, or a store without)."""
         if not self.direct_writes:
             return None
+        await self.cleaner.ensure_claimed()  # no subtask writes into a store another deployment holds
         prefix = checkpoint_prefix(job_id, checkpoint_id)
         return await self.store.write_target(prefix, timeout_at, self.settings.max_blob_size)
 
