@@ -43,7 +43,7 @@ CHUNK = 1024 * 1024
 
 def is_key(key: str) -> bool:
     """Whether `key` is an object key of this store's layout (under a checkpoint's prefix, or a legacy blob key)."""
-    return bool(STATE_KEY_RE.match(key) or LEGACY_KEY_RE.match(key))
+    return bool(STATE_KEY_RE.fullmatch(key) or LEGACY_KEY_RE.fullmatch(key))
 
 
 def _check_key(key: str) -> str:
@@ -53,7 +53,7 @@ def _check_key(key: str) -> str:
 
 
 def _check_prefix(prefix: str) -> str:
-    if not PREFIX_RE.match(prefix):
+    if not PREFIX_RE.fullmatch(prefix):
         raise Invalid(f"not a checkpoint prefix: {prefix!r}")
     return prefix
 
@@ -137,7 +137,7 @@ def new_blob_id() -> str:
 def blob_key(job_id: int, blob_id: str) -> str:
     """The key of a blob stored before the per-checkpoint layout (its row has no key)."""
     key = f"job-{int(job_id)}/{blob_id}"
-    if not LEGACY_KEY_RE.match(key):
+    if not LEGACY_KEY_RE.fullmatch(key):
         raise Invalid(f"blob id {blob_id!r} is not a blob id issued by this coordinator")
     return key
 

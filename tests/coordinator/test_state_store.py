@@ -987,3 +987,15 @@ async def test_a_symbolic_link_in_a_shared_store_never_makes_the_coordinator_rea
     await api.ctx.sweep_state(now=2**46)
     assert (outside / "secret.state").read_bytes() == secret
     assert (outside / "cp-000000000001" / "agg-0-a1.state").read_bytes() == secret
+
+
+def test_a_key_or_prefix_followed_by_a_newline_is_not_one():
+    """A regular expression's `$` also matches before a final newline: the store's own checks match whole strings."""
+    from app.blobstore import _check_prefix, is_key
+    from app.errors import Invalid
+
+    key, prefix = "job-1/cp-000000000001/a-0.state", "job-1/cp-000000000001/"
+    assert is_key(key) and not is_key(key + "\n") and not is_key("job-1/" + "0" * 32 + "\n")
+    assert _check_prefix(prefix) == prefix
+    with pytest.raises(Invalid):
+        _check_prefix(prefix + "\n")
