@@ -25,6 +25,9 @@ from spark_plugin.task.subtask import Subtask, SubtaskResult
 SERVE_AFTER_PEERS = 10.0
 """Seconds a subtask keeps answering triggers after every peer left its loop, before it settles."""
 
+CLOSE_AFTER_FAILURE = 5.0
+"""Seconds a failed subtask gives its ack worker before it closes its channels anyway."""
+
 
 def build_subtask(
     plan: JobPlan,
@@ -80,7 +83,14 @@ class SubtaskLife:
         connect_inputs(self.subtask.gate, self.subtask.spec.inputs, addresses)
 
     def run(self) -> SubtaskResult:
-        return self.subtask.run()
+        """The subtask's loop. A subtask that fails closes its channels and its event stream at once: its peers'
+        channels then break and they fail too, instead of waiting for input or credit that never comes, and a
+        reused Python worker keeps nothing of it."""
+        try:
+            return self.subtask.run()
+        except BaseException:
+            self.close(CLOSE_AFTER_FAILURE)
+            raise
 
     def end(self, result: SubtaskResult, wait_for_peers: Callable[[], Any]) -> SubtaskResult:
         """After the loop: keep answering checkpoints until every subtask of the run left its loop (closing channels

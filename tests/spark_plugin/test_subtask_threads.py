@@ -115,3 +115,39 @@ def test_a_newer_checkpoint_supersedes_an_unfinished_one(policy):
     assert_consistent_cut(cut(coord, 2), 2)
     # checkpoint 1 either completed everywhere or was declined by the subtasks that saw barrier 2 first
     assert len(coord.acks.get(1, {})) == 4 or any(d[0] == 1 for d in coord.declines)
+
+
+class FailingSink(CollectSink):
+    def write(self, record):
+        raise RuntimeError(f"sink cannot write {record!r}")
+
+
+class FailingSource(SequenceSource):
+    def poll(self, max_records):
+        raise RuntimeError("source cannot read")
+
+
+def test_a_sink_that_raises_fails_its_upstream_subtasks_instead_of_leaving_them_waiting_for_credit():
+    p = Pipeline("failing-sink", parallelism=2)
+    p.source(SequenceSource(count=20_000, keys=4), id="src").rebalance().map(lambda r: r, id="m").sink(
+        FailingSink(), id="out"
+    )
+    coord = InMemoryCoordinator()
+    run = ThreadedRun(p, coord.reporter, coord.events, SMALL).start()
+    with pytest.raises(RuntimeError, match="sink cannot write"):
+        run.join(20)
+    upstream = [e for i, e in run.errors.items() if run.lives[i].subtask.spec.vertex == "src"]
+    assert len(upstream) == 2 and all("broke" in str(e) for e in upstream)
+
+
+def test_a_source_that_raises_fails_its_downstream_subtasks_instead_of_leaving_them_waiting_for_input():
+    p = Pipeline("failing-source", parallelism=2)
+    p.source(FailingSource(count=10, keys=2), id="src").rebalance().map(lambda r: r, id="m").sink(
+        CollectSink(), id="out"
+    )
+    coord = InMemoryCoordinator()
+    run = ThreadedRun(p, coord.reporter, coord.events, SMALL).start()
+    with pytest.raises(RuntimeError, match="source cannot read"):
+        run.join(20)
+    downstream = [e for i, e in run.errors.items() if run.lives[i].subtask.spec.vertex == "m"]
+    assert len(downstream) == 2 and all("broke" in str(e) for e in downstream)
