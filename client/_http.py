@@ -18,7 +18,13 @@ from typing import Any, Generic, TypeVar
 import httpx
 import tenacity
 
-from client.errors import CoordinatorUnreachable, OutcomeUnknown, OvertakeError, error_from_response
+from client.errors import (
+    CoordinatorUnreachable,
+    OutcomeUnknown,
+    OvertakeError,
+    UnexpectedResponse,
+    error_from_response,
+)
 from contract.models import Event
 
 T = TypeVar("T")
@@ -185,11 +191,28 @@ class RetryPolicy:
     def answer(self, response: httpx.Response) -> Any:
         """The parsed answer of a success; raises the coordinator's error for any other answer."""
         if response.is_success:
-            return self.call.parse(response)
+            try:
+                return self.call.parse(response)
+            except ValueError as exc:  # not JSON, or JSON of another shape (pydantic's ValidationError too)
+                raise unexpected(self.config, self.call.describe(), response, exc) from exc
         raise error_from_response(response)
 
     def failed(self, exc: httpx.TransportError, tries: int) -> OvertakeError:
         return unreachable(self.config, self.call, exc, tries - 1)
+
+
+def unexpected(config: ClientConfig, what: str, response: httpx.Response, exc: ValueError) -> UnexpectedResponse:
+    """The error for a success answer that is not the API's: what came, and what to check."""
+    kind = response.headers.get("content-type") or "no content type"
+    body = repr(response.text.strip()[:120]) if response.content else "an empty body"
+    reason = str(exc).splitlines()[0][:200]
+    return UnexpectedResponse(
+        response.status_code,
+        "unexpected_response",
+        f"the server at {config.base_url} answered {what} with HTTP {response.status_code} ({kind}) that is not the "
+        f"coordinator's API ({reason}): {body}; is {config.base_url} an Overtake coordinator of this version? "
+        "(set the address with --url or OVERTAKE_URL)",
+    )
 
 
 def unreachable(config: ClientConfig, call: Call[Any] | None, exc: Exception, retried: int) -> OvertakeError:
@@ -258,6 +281,19 @@ class EventStream:
         self.failures = 0
         self.received = 0
         self.down_since = None
+
+    def parse(self, data: str) -> Event:
+        """The event in one message's ``data``; :class:`UnexpectedResponse` when it is not one."""
+        try:
+            return Event.model_validate_json(data)
+        except ValueError as exc:
+            reason = str(exc).splitlines()[0][:200]
+            raise UnexpectedResponse(
+                200,
+                "unexpected_response",
+                f"the event stream of {self.config.base_url}{self.path} sent a message that is not an event "
+                f"({reason}): {data[:120]!r}; is {self.config.base_url} an Overtake coordinator of this version?",
+            ) from exc
 
     def seen(self, event: Event, retry_ms: int | None) -> bool:
         """Record an event; False when it was passed on before (a server replaying it after a reconnect)."""

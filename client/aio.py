@@ -134,7 +134,7 @@ class AsyncOvertakeClient(Endpoints):
                         continue
                     stream.opened()
                     async for sse in aiter_sse(response.aiter_lines(), decoder):
-                        event = Event.model_validate_json(sse.data)
+                        event = stream.parse(sse.data)
                         if stream.seen(event, sse.retry):
                             yield event
             except httpx.TransportError as exc:

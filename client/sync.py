@@ -117,7 +117,7 @@ class OvertakeClient(Endpoints):
                         continue
                     stream.opened()
                     for sse in iter_sse(response.iter_lines(), decoder):
-                        event = Event.model_validate_json(sse.data)
+                        event = stream.parse(sse.data)
                         if stream.seen(event, sse.retry):
                             yield event
             except httpx.TransportError as exc:

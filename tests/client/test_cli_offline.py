@@ -69,6 +69,15 @@ def test_server_errors_print_the_servers_message_and_exit_1(coordinator):
     assert result.stdout == ""
 
 
+def test_an_answer_that_is_not_the_apis_is_one_error_line_naming_the_url_and_exit_1(coordinator):
+    coordinator.answers.append(httpx.Response(200, text="<html>a router's admin page</html>"))
+    result = runner.invoke(cli.app, ["jobs", "list"], env={"COLUMNS": "400"})
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: the server at http://fake:1 answered GET /api/v1/jobs with HTTP 200")
+    assert "Overtake coordinator" in result.stderr and "--url" in result.stderr
+    assert isinstance(result.exception, SystemExit)  # an exit status, not an exception out of the command
+
+
 def test_checkpoint_show_prints_a_row_per_subtask(coordinator):
     detail = checkpoint(7) | {
         "status": "COMPLETED",
