@@ -59,7 +59,10 @@ class Session:
     err: Console
 
     def client(self) -> OvertakeClient:
-        return OvertakeClient(self.url, token=self.token, timeout=10.0, retries=CLI_RETRIES, backoff=0.2)
+        try:
+            return OvertakeClient(self.url, token=self.token, timeout=10.0, retries=CLI_RETRIES, backoff=0.2)
+        except ValueError as exc:  # a URL or token the client cannot use: said before any request
+            raise _fail(str(exc)) from None
 
     def show_call(self, call: Callable[[OvertakeClient], BaseModel], render: Callable[[Any], RenderableType]) -> None:
         """Make one SDK call and show its answer."""

@@ -87,15 +87,18 @@ class ClientConfig:
         url = (base_url or os.environ.get("OVERTAKE_URL") or DEFAULT_URL).rstrip("/")
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"coordinator URL {url!r} must start with http:// or https://")
+        try:
+            host = httpx.URL(url).host
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"coordinator URL {url!r} is not a valid URL ({exc})") from exc
+        if not host:
+            raise ValueError(f"coordinator URL {url!r} names no host, e.g. http://127.0.0.1:8321")
         if retries < 0 or backoff < 0:
             raise ValueError(f"retries ({retries}) and backoff ({backoff}) must not be negative")
-        return cls(
-            url,
-            token if token is not None else os.environ.get("OVERTAKE_TOKEN") or None,
-            timeout,
-            retries,
-            backoff,
-        )
+        token = token if token is not None else os.environ.get("OVERTAKE_TOKEN") or None
+        if token:
+            _check_token(token)
+        return cls(url, token, timeout, retries, backoff)
 
     def headers(self) -> dict[str, str]:
         headers = {"User-Agent": "overtake-client", "Accept": "application/json"}
@@ -115,6 +118,17 @@ class ClientConfig:
         if response is not None:
             wait = max(wait, min(self.max_backoff, _retry_after(response)))
         return wait
+
+
+def _check_token(token: str) -> None:
+    """A token travels in an HTTP header: visible ASCII only. The error says where it is wrong, never the token."""
+    for position, char in enumerate(token):
+        if not "!" <= char <= "~":
+            raise ValueError(
+                f"the token has {'a space or control character' if char.isascii() else 'a non-ASCII character'} "
+                f"at position {position + 1} of {len(token)}; a bearer token is visible ASCII only (check "
+                "--token or OVERTAKE_TOKEN for a stray character)"
+            )
 
 
 def _retry_after(response: httpx.Response) -> float:

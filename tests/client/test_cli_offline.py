@@ -51,6 +51,25 @@ def test_an_unreachable_coordinator_is_reported_in_the_command_lines_terms_and_e
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--url", "ftp://coordinator", "coordinator URL 'ftp://coordinator' must start with http:// or https://"),
+        ("--url", "http://127.0.0.1:83a1", "coordinator URL 'http://127.0.0.1:83a1' is not a valid URL"),
+        ("--url", "http://[::1", "coordinator URL 'http://[::1' is not a valid URL"),
+        ("--token", "s3cr\u00e9t", "the token has a non-ASCII character at position 5 of 6"),
+        ("--token", "s3cret\n", "the token has a space or control character at position 7 of 7"),
+    ],
+)
+def test_a_url_or_token_the_client_cannot_use_is_one_error_line_and_exit_1(option, value, said):
+    args = ["--url", "http://127.0.0.1:9"] if option == "--token" else []
+    result = runner.invoke(cli.app, [*args, option, value, "jobs", "list"], env={"COLUMNS": "400"})
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"error: {said}")
+    assert "s3cr" not in result.stderr  # a token is never echoed
+    assert isinstance(result.exception, SystemExit)
+
+
 def test_the_command_line_gives_up_on_a_down_coordinator_after_two_quick_retries(monkeypatch):
     delays: list[float] = []
     monkeypatch.setattr("client.sync.time.sleep", delays.append)
