@@ -83,6 +83,7 @@ class ClientConfig:
         timeout: float,
         retries: int,
         backoff: float,
+        max_backoff: float = 10.0,
     ) -> ClientConfig:
         url = (base_url or os.environ.get("OVERTAKE_URL") or DEFAULT_URL).rstrip("/")
         if not url.startswith(("http://", "https://")):
@@ -93,12 +94,14 @@ class ClientConfig:
             raise ValueError(f"coordinator URL {url!r} is not a valid URL ({exc})") from exc
         if not host:
             raise ValueError(f"coordinator URL {url!r} names no host, e.g. http://127.0.0.1:8321")
-        if retries < 0 or backoff < 0:
-            raise ValueError(f"retries ({retries}) and backoff ({backoff}) must not be negative")
+        if retries < 0 or backoff < 0 or max_backoff < 0:
+            raise ValueError(
+                f"retries ({retries}), backoff ({backoff}) and max_backoff ({max_backoff}) must not be negative"
+            )
         token = token if token is not None else os.environ.get("OVERTAKE_TOKEN") or None
         if token:
             _check_token(token)
-        return cls(url, token, timeout, retries, backoff)
+        return cls(url, token, timeout, retries, backoff, max_backoff)
 
     def headers(self) -> dict[str, str]:
         headers = {"User-Agent": "overtake-client", "Accept": "application/json"}

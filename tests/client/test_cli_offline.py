@@ -78,6 +78,46 @@ def test_the_command_line_gives_up_on_a_down_coordinator_after_two_quick_retries
     assert len(delays) == cli.CLI_RETRIES and sum(delays) <= 0.6  # at most 0.2 + 0.4 s of backoff
 
 
+@pytest.fixture
+def scripted(monkeypatch):
+    """Routes the CLI's own client, with the CLI's retry settings, to a scripted fake coordinator; records the waits."""
+    script = Script()
+    delays: list[float] = []
+    monkeypatch.setattr("client.sync.time.sleep", delays.append)
+
+    def client(*args, **kwargs):
+        return OvertakeClient(*args, transport=httpx.MockTransport(script), **kwargs)
+
+    monkeypatch.setattr(cli, "OvertakeClient", client)
+    script.delays = delays
+    return script
+
+
+def test_a_busy_coordinators_long_retry_after_is_waited_at_most_a_second_per_retry(scripted):
+    busy = error(503, "unavailable", "the database is busy", headers={"Retry-After": "3600"})
+    scripted.answers.extend([busy] * (cli.CLI_RETRIES + 1))
+    result = runner.invoke(cli.app, ["jobs", "list"])
+    assert result.exit_code == 1
+    assert result.stderr == "error: the database is busy\n"
+    assert len(scripted.delays) == cli.CLI_RETRIES and max(scripted.delays) <= cli.CLI_MAX_BACKOFF
+
+
+def test_a_coordinator_that_does_not_answer_in_time_is_said_to_be_slow_not_down(scripted):
+    scripted.answers.extend([httpx.ReadTimeout("timed out")] * (cli.CLI_RETRIES + 1))
+    result = runner.invoke(cli.app, ["jobs", "show", "1"], env={"COLUMNS": "400"})
+    assert result.exit_code == 1
+    assert "did not answer within 10 s, 3 times: it may be overloaded or stuck" in result.stderr
+    assert "Is it running" not in result.stderr
+
+
+def test_a_connection_closed_before_the_answer_is_said_to_be_closed_not_unreachable(scripted):
+    scripted.answers.extend([httpx.RemoteProtocolError("Server disconnected")] * (cli.CLI_RETRIES + 1))
+    result = runner.invoke(cli.app, ["jobs", "show", "1"], env={"COLUMNS": "400"})
+    assert result.exit_code == 1
+    assert "closed the connection without a complete answer, 3 times" in result.stderr
+    assert "may be restarting" in result.stderr and "Is it running" not in result.stderr
+
+
 def test_server_errors_print_the_servers_message_and_exit_1(coordinator):
     coordinator.answers.append(
         error(404, "not_found", "job 42 does not exist; list jobs with 'overtake jobs list'")
