@@ -32,9 +32,21 @@ def stable_hash(key: Any) -> int:
         return zlib.crc32(key.encode("utf-8", "surrogatepass"))
     if isinstance(key, bytes):
         return zlib.crc32(key)
+    try:
+        hash(key)
+    except TypeError:
+        raise TypeError(
+            f"a {type(key).__name__} cannot be a key: {_brief(key)} is unhashable (mutable), so equal keys could not "
+            "share their state; key by a tuple, a str or a number instead (e.g. tuple(...))"
+        ) from None
     if isinstance(key, frozenset) or (isinstance(key, tuple) and _pickle_varies(key)):
         return zlib.crc32(_pickle_unshared(key))
     return zlib.crc32(pickle.dumps(key, protocol=4))
+
+
+def _brief(key: Any) -> str:
+    text = repr(key)
+    return text if len(text) <= 100 else text[:99] + "…"
 
 
 def _by_value(part: Any) -> bool:

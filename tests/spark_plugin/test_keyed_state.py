@@ -8,6 +8,8 @@ import subprocess
 import sys
 import zlib
 
+import pytest
+
 from contract.keygroups import key_group, key_group_range, operator_index, stable_hash
 from spark_plugin.api.state import KeyedState
 
@@ -43,6 +45,12 @@ def test_a_str_key_with_a_lone_surrogate_has_a_key_group_and_valid_text_keeps_it
     assert 0 <= key_group(from_json, 128) < 128
     assert key_group(from_json, 128) == key_group(json.loads('"user-\\ud800"'), 128)
     assert stable_hash("ü日本") == zlib.crc32("ü日本".encode())
+
+
+@pytest.mark.parametrize("key", [["user", 1], {"user": 1}, ("user", [1])])
+def test_an_unhashable_key_is_refused_saying_what_to_key_by_instead(key):
+    with pytest.raises(TypeError, match=f"a {type(key).__name__} cannot be a key: .* key by a tuple, a str or a number"):
+        key_group(key, 128)
 
 
 def test_restore_keeps_only_the_key_groups_of_the_new_range():
