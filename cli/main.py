@@ -18,6 +18,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
+import httpx
 import typer
 from pydantic import BaseModel
 from rich.console import Console, RenderableType
@@ -30,6 +31,11 @@ from contract.models import BarrierPolicy, CheckpointStatus, JobStatus
 
 CLI_RETRIES = 2
 """A person waits for the answer: a coordinator that is down is reported after two quick retries (about a second)."""
+CLI_TIMEOUT = 10.0
+"""Seconds one request may take before the command line gives up on that try."""
+CLI_MAX_BACKOFF = 1.0
+"""The longest wait between two tries, also when a busy coordinator's Retry-After asks for more: a person at a
+terminal is told it is busy in seconds, not after the minutes it may ask for."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -59,7 +65,13 @@ class Session:
     err: Console
 
     def client(self) -> OvertakeClient:
-        return OvertakeClient(self.url, token=self.token, timeout=10.0, retries=CLI_RETRIES, backoff=0.2)
+        try:
+            return OvertakeClient(
+                self.url, token=self.token, timeout=CLI_TIMEOUT, retries=CLI_RETRIES, backoff=0.2,
+                max_backoff=CLI_MAX_BACKOFF,
+            )
+        except ValueError as exc:  # a URL or token the client cannot use: said before any request
+            raise _fail(str(exc)) from None
 
     def show_call(self, call: Callable[[OvertakeClient], BaseModel], render: Callable[[Any], RenderableType]) -> None:
         """Make one SDK call and show its answer."""
@@ -125,6 +137,17 @@ def _in_cli_terms(exc: OvertakeError) -> str:
     if isinstance(exc, CoordinatorUnreachable):
         cause = exc.__cause__
         why = f" ({type(cause).__name__}: {cause})" if cause is not None and str(cause) else ""
+        tries = f"{CLI_RETRIES + 1} times"
+        if isinstance(cause, httpx.ReadTimeout | httpx.WriteTimeout):  # connected, then no answer in time
+            return (
+                f"the coordinator at {exc.url} took the request but did not answer within {CLI_TIMEOUT:g} s, "
+                f"{tries}: it may be overloaded or stuck; its /readyz says whether it is ready"
+            )
+        if isinstance(cause, httpx.RemoteProtocolError | httpx.ReadError):
+            return (
+                f"the coordinator at {exc.url} closed the connection without a complete answer, {tries}{why}: it "
+                "may be restarting, or that address is not an Overtake coordinator; try again in a moment"
+            )
         return (
             f"cannot reach the coordinator at {exc.url}{why}. Is it running? Start one with 'overtake serve', or "
             "point to yours with --url or OVERTAKE_URL."

@@ -18,7 +18,13 @@ from typing import Any, Generic, TypeVar
 import httpx
 import tenacity
 
-from client.errors import CoordinatorUnreachable, OutcomeUnknown, OvertakeError, error_from_response
+from client.errors import (
+    CoordinatorUnreachable,
+    OutcomeUnknown,
+    OvertakeError,
+    UnexpectedResponse,
+    error_from_response,
+)
 from contract.models import Event
 
 T = TypeVar("T")
@@ -77,19 +83,25 @@ class ClientConfig:
         timeout: float,
         retries: int,
         backoff: float,
+        max_backoff: float = 10.0,
     ) -> ClientConfig:
         url = (base_url or os.environ.get("OVERTAKE_URL") or DEFAULT_URL).rstrip("/")
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"coordinator URL {url!r} must start with http:// or https://")
-        if retries < 0 or backoff < 0:
-            raise ValueError(f"retries ({retries}) and backoff ({backoff}) must not be negative")
-        return cls(
-            url,
-            token if token is not None else os.environ.get("OVERTAKE_TOKEN") or None,
-            timeout,
-            retries,
-            backoff,
-        )
+        try:
+            host = httpx.URL(url).host
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"coordinator URL {url!r} is not a valid URL ({exc})") from exc
+        if not host:
+            raise ValueError(f"coordinator URL {url!r} names no host, e.g. http://127.0.0.1:8321")
+        if retries < 0 or backoff < 0 or max_backoff < 0:
+            raise ValueError(
+                f"retries ({retries}), backoff ({backoff}) and max_backoff ({max_backoff}) must not be negative"
+            )
+        token = token if token is not None else os.environ.get("OVERTAKE_TOKEN") or None
+        if token:
+            _check_token(token)
+        return cls(url, token, timeout, retries, backoff, max_backoff)
 
     def headers(self) -> dict[str, str]:
         headers = {"User-Agent": "overtake-client", "Accept": "application/json"}
@@ -109,6 +121,17 @@ class ClientConfig:
         if response is not None:
             wait = max(wait, min(self.max_backoff, _retry_after(response)))
         return wait
+
+
+def _check_token(token: str) -> None:
+    """A token travels in an HTTP header: visible ASCII only. The error says where it is wrong, never the token."""
+    for position, char in enumerate(token):
+        if not "!" <= char <= "~":
+            raise ValueError(
+                f"the token has {'a space or control character' if char.isascii() else 'a non-ASCII character'} "
+                f"at position {position + 1} of {len(token)}; a bearer token is visible ASCII only (check "
+                "--token or OVERTAKE_TOKEN for a stray character)"
+            )
 
 
 def _retry_after(response: httpx.Response) -> float:
@@ -185,11 +208,28 @@ class RetryPolicy:
     def answer(self, response: httpx.Response) -> Any:
         """The parsed answer of a success; raises the coordinator's error for any other answer."""
         if response.is_success:
-            return self.call.parse(response)
+            try:
+                return self.call.parse(response)
+            except ValueError as exc:  # not JSON, or JSON of another shape (pydantic's ValidationError too)
+                raise unexpected(self.config, self.call.describe(), response, exc) from exc
         raise error_from_response(response)
 
     def failed(self, exc: httpx.TransportError, tries: int) -> OvertakeError:
         return unreachable(self.config, self.call, exc, tries - 1)
+
+
+def unexpected(config: ClientConfig, what: str, response: httpx.Response, exc: ValueError) -> UnexpectedResponse:
+    """The error for a success answer that is not the API's: what came, and what to check."""
+    kind = response.headers.get("content-type") or "no content type"
+    body = repr(response.text.strip()[:120]) if response.content else "an empty body"
+    reason = str(exc).splitlines()[0][:200]
+    return UnexpectedResponse(
+        response.status_code,
+        "unexpected_response",
+        f"the server at {config.base_url} answered {what} with HTTP {response.status_code} ({kind}) that is not the "
+        f"coordinator's API ({reason}): {body}; is {config.base_url} an Overtake coordinator of this version? "
+        "(set the address with --url or OVERTAKE_URL)",
+    )
 
 
 def unreachable(config: ClientConfig, call: Call[Any] | None, exc: Exception, retried: int) -> OvertakeError:
@@ -258,6 +298,19 @@ class EventStream:
         self.failures = 0
         self.received = 0
         self.down_since = None
+
+    def parse(self, data: str) -> Event:
+        """The event in one message's ``data``; :class:`UnexpectedResponse` when it is not one."""
+        try:
+            return Event.model_validate_json(data)
+        except ValueError as exc:
+            reason = str(exc).splitlines()[0][:200]
+            raise UnexpectedResponse(
+                200,
+                "unexpected_response",
+                f"the event stream of {self.config.base_url}{self.path} sent a message that is not an event "
+                f"({reason}): {data[:120]!r}; is {self.config.base_url} an Overtake coordinator of this version?",
+            ) from exc
 
     def seen(self, event: Event, retry_ms: int | None) -> bool:
         """Record an event; False when it was passed on before (a server replaying it after a reconnect)."""

@@ -53,8 +53,9 @@ class AsyncOvertakeClient(Endpoints):
         retries: int = 5,
         backoff: float = 0.2,
         transport: httpx.AsyncBaseTransport | None = None,
+        max_backoff: float = 10.0,
     ) -> None:
-        self.config = ClientConfig.resolve(base_url, token, timeout, retries, backoff)
+        self.config = ClientConfig.resolve(base_url, token, timeout, retries, backoff, max_backoff)
         self._transport = transport
         self._http = httpx.AsyncClient(
             base_url=self.config.base_url,
@@ -70,7 +71,9 @@ class AsyncOvertakeClient(Endpoints):
     def with_token(self, token: str | None) -> AsyncOvertakeClient:
         """A new client to the same coordinator with another token, e.g. an attempt's task token."""
         c = self.config
-        return AsyncOvertakeClient(c.base_url, token or "", c.timeout, c.retries, c.backoff, self._transport)
+        return AsyncOvertakeClient(
+            c.base_url, token or "", c.timeout, c.retries, c.backoff, self._transport, c.max_backoff
+        )
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -134,7 +137,7 @@ class AsyncOvertakeClient(Endpoints):
                         continue
                     stream.opened()
                     async for sse in aiter_sse(response.aiter_lines(), decoder):
-                        event = Event.model_validate_json(sse.data)
+                        event = stream.parse(sse.data)
                         if stream.seen(event, sse.retry):
                             yield event
             except httpx.TransportError as exc:

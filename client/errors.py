@@ -67,6 +67,11 @@ class Unavailable(OvertakeError):
     """503/429 (or another 5xx): the coordinator cannot serve the request right now."""
 
 
+class UnexpectedResponse(OvertakeError):
+    """A success answer that is not what the coordinator's API answers: another server at that URL (a web page, a
+    proxy's page), or a coordinator of an incompatible version. The message says what came instead."""
+
+
 class CoordinatorUnreachable(OvertakeError):
     """No HTTP answer at all: connection refused, reset or timed out, after all retries."""
 

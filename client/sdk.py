@@ -21,6 +21,7 @@ from client.errors import (
     TooLarge,
     Unauthorized,
     Unavailable,
+    UnexpectedResponse,
 )
 from client.sync import OvertakeClient
 
@@ -38,4 +39,5 @@ __all__ = [
     "TooLarge",
     "Unauthorized",
     "Unavailable",
+    "UnexpectedResponse",
 ]

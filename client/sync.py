@@ -21,7 +21,8 @@ class OvertakeClient(Endpoints):
     """Talks to an Overtake coordinator.
 
     ``base_url`` defaults to ``$OVERTAKE_URL``, then ``http://127.0.0.1:8321``; ``token`` to ``$OVERTAKE_TOKEN``.
-    Idempotent calls are retried ``retries`` times with exponential backoff from ``backoff`` seconds.
+    Idempotent calls are retried ``retries`` times with exponential backoff from ``backoff`` seconds, each wait (a
+    ``Retry-After`` too) at most ``max_backoff`` seconds.
     Use it as a context manager, or call ``close()``.
     """
 
@@ -33,8 +34,9 @@ class OvertakeClient(Endpoints):
         retries: int = 5,
         backoff: float = 0.2,
         transport: httpx.BaseTransport | None = None,
+        max_backoff: float = 10.0,
     ) -> None:
-        self.config = ClientConfig.resolve(base_url, token, timeout, retries, backoff)
+        self.config = ClientConfig.resolve(base_url, token, timeout, retries, backoff, max_backoff)
         self._transport = transport
         self._http = httpx.Client(
             base_url=self.config.base_url,
@@ -50,7 +52,9 @@ class OvertakeClient(Endpoints):
     def with_token(self, token: str | None) -> OvertakeClient:
         """A new client to the same coordinator with another token, e.g. an attempt's task token."""
         c = self.config
-        return OvertakeClient(c.base_url, token or "", c.timeout, c.retries, c.backoff, self._transport)
+        return OvertakeClient(
+            c.base_url, token or "", c.timeout, c.retries, c.backoff, self._transport, c.max_backoff
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -117,7 +121,7 @@ class OvertakeClient(Endpoints):
                         continue
                     stream.opened()
                     for sse in iter_sse(response.iter_lines(), decoder):
-                        event = Event.model_validate_json(sse.data)
+                        event = stream.parse(sse.data)
                         if stream.seen(event, sse.retry):
                             yield event
             except httpx.TransportError as exc:

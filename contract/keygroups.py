@@ -21,18 +21,32 @@ def stable_hash(key: Any) -> int:
     object of its own, which is what an equal key without repeated objects pickles to anyway; an empty or
     one-character str or bytes, which Python usually keeps one object of, is referred back to by its value. A
     frozenset pickles its items in its iteration order, which depends on the order they were added in and on the
-    process's str hashes: its items are written in one order, sorted by their own pickles."""
+    process's str hashes: its items are written in one order, sorted by their own pickles. A str hashes by its
+    UTF-8 bytes, a lone surrogate included."""
     if isinstance(key, bool):
         return int(key)
     if isinstance(key, int):
         return key & 0xFFFFFFFF
     if isinstance(key, str):
-        return zlib.crc32(key.encode("utf-8"))
+        # a lone surrogate (JSON's "\ud800" decodes to one) is written as UTF-8 would write it; valid text is unchanged
+        return zlib.crc32(key.encode("utf-8", "surrogatepass"))
     if isinstance(key, bytes):
         return zlib.crc32(key)
+    try:
+        hash(key)
+    except TypeError:
+        raise TypeError(
+            f"a {type(key).__name__} cannot be a key: {_brief(key)} is unhashable (mutable), so equal keys could not "
+            "share their state; key by a tuple, a str or a number instead (e.g. tuple(...))"
+        ) from None
     if isinstance(key, frozenset) or (isinstance(key, tuple) and _pickle_varies(key)):
         return zlib.crc32(_pickle_unshared(key))
     return zlib.crc32(pickle.dumps(key, protocol=4))
+
+
+def _brief(key: Any) -> str:
+    text = repr(key)
+    return text if len(text) <= 100 else text[:99] + "…"
 
 
 def _by_value(part: Any) -> bool:

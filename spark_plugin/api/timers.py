@@ -22,7 +22,7 @@ from typing import Any
 from contract.keygroups import key_group
 from spark_plugin.api.operators import Emit, KeyedOperator
 from spark_plugin.api.state import ValueState
-from spark_plugin.api.watermarks import MIN_WATERMARK
+from spark_plugin.api.watermarks import MIN_WATERMARK, checked_timestamp
 
 EVENT_TIME = "event"
 PROCESSING_TIME = "processing"
@@ -320,7 +320,8 @@ class TimedProcess(TimedOperator):
         assert self.state is not None
         self._out = out
         self._ctx = ctx = ProcessContext(self.timers, ValueState(self.state))
-        key_fn, fn, ts_fn = self.key_fn, self.fn, self.timestamp_fn
+        key_fn, fn = self.key_fn, self.fn
+        ts_fn = checked_timestamp(self.timestamp_fn, f"process operator {self.id!r}") if self.timestamp_fn else None
 
         def process(r: Any) -> None:
             k = key_fn(r)

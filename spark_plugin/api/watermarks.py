@@ -12,6 +12,8 @@ complete: a record with a timestamp at or before the current watermark is *late*
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -20,6 +22,30 @@ MIN_WATERMARK = -(2**63)
 """No event time is complete yet (Flink's ``Long.MIN_VALUE``)."""
 MAX_WATERMARK = 2**63 - 1
 """All event time is complete: the input ended."""
+
+
+def checked_timestamp(timestamp: Callable[[Any], int], where: str) -> Callable[[Any], int]:
+    """``timestamp`` that refuses what is not event time: a timestamp that is not a finite number (None, a str,
+    NaN) raises ValueError naming ``where`` and the record, instead of failing a comparison somewhere deeper (None)
+    or being taken (NaN: its window never fires, and it keeps others from firing)."""
+
+    def checked(record: Any) -> int:
+        t = timestamp(record)
+        if type(t) is int:
+            return t
+        if isinstance(t, numbers.Real) and not isinstance(t, bool) and math.isfinite(t):
+            return t  # type: ignore[return-value]
+        raise ValueError(
+            f"{where}: the event time of record {_brief(record)} is {t!r}; a timestamp must be a finite number of "
+            "epoch milliseconds (an int): filter such records out before, or give them a time"
+        )
+
+    return checked
+
+
+def _brief(record: Any) -> str:
+    text = repr(record)
+    return text if len(text) <= 200 else text[:199] + "…"
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from spark_plugin.api.operators import Emit, Operator
 from spark_plugin.api.timers import EVENT_TIME, TimedOperator
+from spark_plugin.api.watermarks import checked_timestamp
 
 
 class TimeWindow(NamedTuple):
@@ -243,7 +244,8 @@ class WindowOperator(TimedOperator):
         self._out = out
         self._late: Emit | None = getattr(self, "_late", None)
         groups, timers, fn = self.state.groups, self.timers, self.function
-        key_fn, ts_fn, assign = self.key_fn, self.timestamp_fn, self.assigner.assign
+        key_fn, assign = self.key_fn, self.assigner.assign
+        ts_fn = checked_timestamp(self.timestamp_fn, f"window operator {self.id!r}")
         lateness = self.allowed_lateness
         if self.assigner.merging:
             return self._bind_merging(out)
@@ -280,7 +282,8 @@ class WindowOperator(TimedOperator):
     def _bind_merging(self, out: Emit) -> Emit:
         assert self.state is not None
         groups, timers, fn = self.state.groups, self.timers, self.function
-        key_fn, ts_fn, assign = self.key_fn, self.timestamp_fn, self.assigner.assign
+        key_fn, assign = self.key_fn, self.assigner.assign
+        ts_fn = checked_timestamp(self.timestamp_fn, f"window operator {self.id!r}")
         lateness = self.allowed_lateness
 
         def process(r: Any) -> None:

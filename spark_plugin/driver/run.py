@@ -4,6 +4,7 @@ subtask (``spark_plugin.task.spark_task`` is each task's body)."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import pickle
 import re
@@ -59,6 +60,20 @@ class RunResult:
             if got is not None and "records" in got:
                 out.extend(got["records"])
         return out
+
+
+def _check_limits(time_limit: float | None, stop_after_checkpoints: int | None) -> None:
+    """What ends a run must be able to end it: a NaN time limit never passed (the run went on for ever), a
+    negative one ended it before it started, and no count of checkpoints reaches 0."""
+    if time_limit is not None and not (isinstance(time_limit, int | float) and 0 < time_limit < math.inf):
+        raise ValueError(f"time_limit must be a number of seconds above 0 (or None: no limit), got {time_limit!r}")
+    if stop_after_checkpoints is not None and not (
+        isinstance(stop_after_checkpoints, int) and stop_after_checkpoints >= 1
+    ):
+        raise ValueError(
+            f"stop_after_checkpoints must be a number of checkpoints of at least 1 (or None), got "
+            f"{stop_after_checkpoints!r}"
+        )
 
 
 def task_slots(sc: Any) -> int:
@@ -117,7 +132,7 @@ def run_pipeline(
 ) -> RunResult:
     """Run ``pipeline`` on Spark as one barrier stage, checkpointed by the coordinator at ``coordinator``.
 
-    ``checkpoint`` is a ``contract.models.CheckpointConfig`` (or dict); ``time_limit`` (seconds) ends the run
+    ``checkpoint`` is a ``contract.models.CheckpointConfig`` (or dict); ``time_limit`` (seconds, above 0) ends the run
     even if the sources have not; a job cancelled through the coordinator ends it too. With ``job_id`` the run
     is a new attempt of that job, restored from ``restore_from`` ("latest" completed checkpoint, an id, or None
     for a fresh start), with the pipeline's parallelism (a vertex whose parallelism changed is rescaled: its state
@@ -131,6 +146,7 @@ def run_pipeline(
     ``attempt_reason`` says why the attempt starts (the job's status message while it runs); ``job_group`` names
     the Spark job group of the stage, so it can be cancelled.
     """
+    _check_limits(time_limit, stop_after_checkpoints)
     plan = pipeline.plan()
     specs = subtask_specs(plan)
     sc = spark.sparkContext

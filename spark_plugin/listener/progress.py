@@ -133,7 +133,8 @@ def graph_of(progress: dict[str, Any] | None) -> dict[str, Any]:
         n = max(1, int(op.get("numShufflePartitions") or 1))
         vid = _vertex_id(op.get("operatorName") or "state", j)
         vertices.append(
-            {"id": vid, "name": op.get("operatorName"), "parallelism": n, "max_parallelism": n, "keyed": True}
+            {"id": vid, "name": _short(op.get("operatorName")), "parallelism": n, "max_parallelism": n,
+             "keyed": True}
         )
         edges += [{"source": u, "target": vid, "partitioning": "hash"} for u in upstream]
         upstream, parallelism = [vid], n

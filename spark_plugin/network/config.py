@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 BACKLOG = 1
@@ -63,6 +64,11 @@ class NetworkConfig:
         if self.max_buffers_per_output_channel < 1:
             raise ValueError(
                 f"max_buffers_per_output_channel {self.max_buffers_per_output_channel} must be at least 1"
+            )
+        if not 0 <= self.flush_interval < math.inf:  # NaN too: the loop's wake-up time would be NaN
+            raise ValueError(
+                f"flush_interval {self.flush_interval!r} must be a finite number of seconds, at least 0 (0: send a "
+                "partly filled buffer whenever its channel can take it; Flink's buffer timeout is 0.1)"
             )
         self._check_debloating()
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from spark_plugin.api.timers import TimedOperator, now_ms
-from spark_plugin.api.watermarks import MAX_WATERMARK, MIN_WATERMARK, PartitionWatermarks
+from spark_plugin.api.watermarks import MAX_WATERMARK, MIN_WATERMARK, PartitionWatermarks, checked_timestamp
 from spark_plugin.network.elements import ACTIVE, IDLE, Watermark
 from spark_plugin.network.partition import OutputPartition
 from spark_plugin.plan.topology import SubtaskSpec
@@ -170,9 +170,9 @@ class EventTime:
         gen = self.generator
         if gen is None:
             return process
-        ts_of = self.strategy.timestamp  # type: ignore[union-attr]
         source = self.chain.source
         assert source is not None
+        ts_of = checked_timestamp(self.strategy.timestamp, f"source {self.chain.head.id!r}")  # type: ignore[union-attr]
         part_of = source.partition_of if source.partitions() else (lambda r: None)
         per_record = self.strategy.interval == 0  # type: ignore[union-attr]
 

@@ -25,6 +25,10 @@ from spark_plugin.task.subtask import Subtask, SubtaskResult
 SERVE_AFTER_PEERS = 10.0
 """Seconds a subtask keeps answering triggers after every peer left its loop, before it settles."""
 
+CLOSE_AFTER_FAILURE = 2.0
+"""Seconds between a subtask's failure and the closing of its channels: its own error reaches Spark (or the threads
+harness) first, before its peers fail because their channels to it broke."""
+
 
 def build_subtask(
     plan: JobPlan,
@@ -80,7 +84,18 @@ class SubtaskLife:
         connect_inputs(self.subtask.gate, self.subtask.spec.inputs, addresses)
 
     def run(self) -> SubtaskResult:
-        return self.subtask.run()
+        """The subtask's loop. A subtask that fails closes its channels and its event stream shortly after (in the
+        background, ``CLOSE_AFTER_FAILURE`` seconds later, so that its error is the one reported first): its peers'
+        channels then break and they fail too, instead of waiting for input or credit that never comes, and a
+        reused Python worker keeps nothing of it."""
+        try:
+            return self.subtask.run()
+        except BaseException:
+            closing = threading.Timer(CLOSE_AFTER_FAILURE, self.close, kwargs={"timeout": 5.0})
+            closing.name = f"close {self.subtask.spec.name}"
+            closing.daemon = True
+            closing.start()
+            raise
 
     def end(self, result: SubtaskResult, wait_for_peers: Callable[[], Any]) -> SubtaskResult:
         """After the loop: keep answering checkpoints until every subtask of the run left its loop (closing channels

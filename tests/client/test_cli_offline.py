@@ -51,12 +51,71 @@ def test_an_unreachable_coordinator_is_reported_in_the_command_lines_terms_and_e
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--url", "ftp://coordinator", "coordinator URL 'ftp://coordinator' must start with http:// or https://"),
+        ("--url", "http://127.0.0.1:83a1", "coordinator URL 'http://127.0.0.1:83a1' is not a valid URL"),
+        ("--url", "http://[::1", "coordinator URL 'http://[::1' is not a valid URL"),
+        ("--token", "s3cr\u00e9t", "the token has a non-ASCII character at position 5 of 6"),
+        ("--token", "s3cret\n", "the token has a space or control character at position 7 of 7"),
+    ],
+)
+def test_a_url_or_token_the_client_cannot_use_is_one_error_line_and_exit_1(option, value, said):
+    args = ["--url", "http://127.0.0.1:9"] if option == "--token" else []
+    result = runner.invoke(cli.app, [*args, option, value, "jobs", "list"], env={"COLUMNS": "400"})
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"error: {said}")
+    assert "s3cr" not in result.stderr  # a token is never echoed
+    assert isinstance(result.exception, SystemExit)
+
+
 def test_the_command_line_gives_up_on_a_down_coordinator_after_two_quick_retries(monkeypatch):
     delays: list[float] = []
     monkeypatch.setattr("client.sync.time.sleep", delays.append)
     result = runner.invoke(cli.app, ["--url", "http://127.0.0.1:9", "jobs", "list"])
     assert result.exit_code == 1
     assert len(delays) == cli.CLI_RETRIES and sum(delays) <= 0.6  # at most 0.2 + 0.4 s of backoff
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """Routes the CLI's own client, with the CLI's retry settings, to a scripted fake coordinator; records the waits."""
+    script = Script()
+    delays: list[float] = []
+    monkeypatch.setattr("client.sync.time.sleep", delays.append)
+
+    def client(*args, **kwargs):
+        return OvertakeClient(*args, transport=httpx.MockTransport(script), **kwargs)
+
+    monkeypatch.setattr(cli, "OvertakeClient", client)
+    script.delays = delays
+    return script
+
+
+def test_a_busy_coordinators_long_retry_after_is_waited_at_most_a_second_per_retry(scripted):
+    busy = error(503, "unavailable", "the database is busy", headers={"Retry-After": "3600"})
+    scripted.answers.extend([busy] * (cli.CLI_RETRIES + 1))
+    result = runner.invoke(cli.app, ["jobs", "list"])
+    assert result.exit_code == 1
+    assert result.stderr == "error: the database is busy\n"
+    assert len(scripted.delays) == cli.CLI_RETRIES and max(scripted.delays) <= cli.CLI_MAX_BACKOFF
+
+
+def test_a_coordinator_that_does_not_answer_in_time_is_said_to_be_slow_not_down(scripted):
+    scripted.answers.extend([httpx.ReadTimeout("timed out")] * (cli.CLI_RETRIES + 1))
+    result = runner.invoke(cli.app, ["jobs", "show", "1"], env={"COLUMNS": "400"})
+    assert result.exit_code == 1
+    assert "did not answer within 10 s, 3 times: it may be overloaded or stuck" in result.stderr
+    assert "Is it running" not in result.stderr
+
+
+def test_a_connection_closed_before_the_answer_is_said_to_be_closed_not_unreachable(scripted):
+    scripted.answers.extend([httpx.RemoteProtocolError("Server disconnected")] * (cli.CLI_RETRIES + 1))
+    result = runner.invoke(cli.app, ["jobs", "show", "1"], env={"COLUMNS": "400"})
+    assert result.exit_code == 1
+    assert "closed the connection without a complete answer, 3 times" in result.stderr
+    assert "may be restarting" in result.stderr and "Is it running" not in result.stderr
 
 
 def test_server_errors_print_the_servers_message_and_exit_1(coordinator):
@@ -67,6 +126,15 @@ def test_server_errors_print_the_servers_message_and_exit_1(coordinator):
     assert result.exit_code == 1
     assert result.stderr == "error: job 42 does not exist; list jobs with 'overtake jobs list'\n"
     assert result.stdout == ""
+
+
+def test_an_answer_that_is_not_the_apis_is_one_error_line_naming_the_url_and_exit_1(coordinator):
+    coordinator.answers.append(httpx.Response(200, text="<html>a router's admin page</html>"))
+    result = runner.invoke(cli.app, ["jobs", "list"], env={"COLUMNS": "400"})
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: the server at http://fake:1 answered GET /api/v1/jobs with HTTP 200")
+    assert "Overtake coordinator" in result.stderr and "--url" in result.stderr
+    assert isinstance(result.exception, SystemExit)  # an exit status, not an exception out of the command
 
 
 def test_checkpoint_show_prints_a_row_per_subtask(coordinator):

@@ -7,7 +7,7 @@ import itertools
 import httpx
 import pytest
 
-from client.errors import CoordinatorUnreachable, NotFound
+from client.errors import CoordinatorUnreachable, NotFound, UnexpectedResponse
 from client.sdk import AsyncOvertakeClient, OvertakeClient
 from contract.models import EventType
 from tests.client._fakes import Script, error, sse_event
@@ -160,3 +160,12 @@ def test_a_4xx_ends_a_stream_followed_forever():
     c = OvertakeClient(URL, transport=httpx.MockTransport(script))
     with pytest.raises(Exception, match="which ended"):
         list(c.events(1, reconnect_forever=True))
+
+
+def test_a_stream_message_that_is_not_an_event_raises_unexpected_response_naming_the_stream():
+    script = Script(stream(sse_event(1), b"data: {not an event}\n\n"))
+    c = OvertakeClient(URL, transport=httpx.MockTransport(script))
+    events = c.events(1)
+    assert next(events).id == 1
+    with pytest.raises(UnexpectedResponse, match="event stream of .*/api/v1/jobs/1/events sent a message that is not"):
+        next(events)

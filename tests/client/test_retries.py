@@ -12,7 +12,14 @@ import httpx
 import pytest
 
 from client import _http
-from client.errors import Conflict, CoordinatorUnreachable, NotFound, OutcomeUnknown, Unavailable
+from client.errors import (
+    Conflict,
+    CoordinatorUnreachable,
+    NotFound,
+    OutcomeUnknown,
+    Unavailable,
+    UnexpectedResponse,
+)
 from client.sdk import AsyncOvertakeClient, OvertakeClient
 from tests.client._fakes import Script, ack_result, blob_info, checkpoint, error
 
@@ -175,6 +182,30 @@ def test_a_non_json_error_body_still_gives_a_readable_message():
     with pytest.raises(Unavailable) as info:
         client(script, retries=0).get_job(1)
     assert "HTTP 502" in str(info.value) and "/api/v1/jobs/1" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        httpx.Response(200, text="<html>an admin page</html>", headers={"Content-Type": "text/html"}),
+        httpx.Response(200, json={"jobs": [], "count": 0}),
+        httpx.Response(200, content=b""),
+    ],
+    ids=["html", "other-json", "empty"],
+)
+def test_a_success_answer_that_is_not_the_apis_raises_unexpected_response_naming_the_url(answer):
+    with pytest.raises(UnexpectedResponse) as info:
+        client(Script(answer), retries=0).list_jobs()
+    assert info.value.status_code == 200
+    assert f"the server at {URL} answered GET /api/v1/jobs with HTTP 200" in str(info.value)
+    assert "is http://coordinator.test:8321 an Overtake coordinator" in str(info.value)
+
+
+async def test_the_async_client_raises_unexpected_response_for_an_answer_that_is_not_the_apis():
+    script = Script(httpx.Response(200, text="<html>an admin page</html>"))
+    async with AsyncOvertakeClient(URL, retries=0, transport=httpx.MockTransport(script.handle_async)) as c:
+        with pytest.raises(UnexpectedResponse, match="answered GET /api/v1/jobs/1 with HTTP 200"):
+            await c.get_job(1)
 
 
 def test_the_token_is_sent_as_a_bearer_and_with_token_replaces_it():

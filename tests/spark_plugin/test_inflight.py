@@ -309,6 +309,13 @@ def test_bad_debloating_options_are_rejected_saying_what_is_allowed(option, valu
         NetworkConfig(**{"debloat_target_s": 1.0, option: value})
 
 
+@pytest.mark.parametrize("value", [float("nan"), -0.5, float("inf")])
+def test_a_flush_interval_that_is_not_a_finite_number_of_seconds_is_rejected(value):
+    # NaN made the loop's next wake-up NaN and a negative one made it spin; neither flushed on time
+    with pytest.raises(ValueError, match=f"flush_interval {value!r} must be a finite number of seconds, at least 0"):
+        NetworkConfig(flush_interval=value)
+
+
 def test_debloating_is_off_by_default_and_reachable_from_the_public_network_config():
     import spark_plugin
 

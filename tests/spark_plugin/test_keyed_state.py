@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import zlib
+
+import pytest
 
 from contract.keygroups import key_group, key_group_range, operator_index, stable_hash
 from spark_plugin.api.state import KeyedState
@@ -34,6 +38,19 @@ def test_key_groups_are_the_same_in_processes_with_different_hash_salts():
 def test_sequential_integer_keys_spread_over_the_key_groups():
     assert stable_hash(5) == 5
     assert len({key_group(i, 128) for i in range(1000)}) > 100
+
+
+def test_a_str_key_with_a_lone_surrogate_has_a_key_group_and_valid_text_keeps_its_own():
+    from_json = json.loads('"user-\\ud800"')  # JSON text may escape half of a surrogate pair
+    assert 0 <= key_group(from_json, 128) < 128
+    assert key_group(from_json, 128) == key_group(json.loads('"user-\\ud800"'), 128)
+    assert stable_hash("ü日本") == zlib.crc32("ü日本".encode())
+
+
+@pytest.mark.parametrize("key", [["user", 1], {"user": 1}, ("user", [1])])
+def test_an_unhashable_key_is_refused_saying_what_to_key_by_instead(key):
+    with pytest.raises(TypeError, match=f"a {type(key).__name__} cannot be a key: .* key by a tuple, a str or a number"):
+        key_group(key, 128)
 
 
 def test_restore_keeps_only_the_key_groups_of_the_new_range():

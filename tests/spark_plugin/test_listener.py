@@ -134,6 +134,15 @@ def test_the_graph_of_a_query_with_sparks_default_200_shuffle_partitions_is_vali
     ]
 
 
+def test_a_stateful_operator_with_a_long_name_keeps_the_querys_graph():
+    from contract.models import JobCreate
+
+    state = dict(RATE_PROGRESS["stateOperators"][0], operatorName="transformWithState" + "x" * 300)
+    spec = JobCreate.model_validate(job_spec("q-1", "long", recorded(stateOperators=[state]), {}))
+    assert [v.id for v in spec.graph.vertices] == ["source-0", "transformWithState" + "x" * 82 + "-0", "sink"]
+    assert len(spec.graph.vertices[1].name) == 200
+
+
 def test_the_failure_message_is_the_exception_without_the_jvm_stack():
     trace = "ForeachBatchUserFuncException: boom\nValueError: boom\n\tat org.apache.Sink.add(Sink.scala:60)\n\tat x.y(z)"
     assert failure_message(trace) == "ForeachBatchUserFuncException: boom\nValueError: boom"

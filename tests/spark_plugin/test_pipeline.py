@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import Counter
 
@@ -94,6 +95,22 @@ def test_a_max_parallelism_beyond_the_coordinators_key_groups_is_a_pipeline_erro
 
 
 # ------------------------------------------------------------------------------------------------ chaining
+
+
+@pytest.mark.parametrize(
+    ("limits", "said"),
+    [
+        ({"time_limit": float("nan")}, "time_limit must be a number of seconds above 0 (or None: no limit), got nan"),
+        ({"time_limit": -1}, "time_limit must be a number of seconds above 0"),
+        ({"time_limit": float("inf")}, "time_limit must be a number of seconds above 0"),
+        ({"stop_after_checkpoints": 0}, "stop_after_checkpoints must be a number of checkpoints of at least 1"),
+    ],
+)
+def test_a_limit_that_could_never_end_a_run_or_ends_it_before_it_starts_is_refused_before_spark(limits, said):
+    p = Pipeline("limits", parallelism=1)
+    p.source(SequenceSource(count=None, keys=4), id="src").sink(DiscardSink(), id="out")
+    with pytest.raises(ValueError, match=re.escape(said)):
+        p.run(None, "http://127.0.0.1:9", **limits)  # no Spark and no coordinator are needed to refuse it
 
 
 def test_forward_connected_operators_of_equal_parallelism_are_chained():

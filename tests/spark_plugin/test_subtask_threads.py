@@ -14,6 +14,7 @@ import pytest
 from spark_plugin import Pipeline
 from spark_plugin.connectors import CollectSink, SequenceSource
 from spark_plugin.network.config import NetworkConfig
+from spark_plugin.task.life import SubtaskLife
 from spark_plugin.testing.threads import ThreadedRun
 from tests.spark_plugin.consistency import assert_consistent_cut, cut_of_checkpoint
 from tests.spark_plugin.fakes import InMemoryCoordinator
@@ -27,14 +28,14 @@ def slow_count(key, record, state):
     return [record]
 
 
-def backpressured(count: int, source_parallelism: int = 2) -> Pipeline:
+def backpressured(count: int, source_parallelism: int = 2, sink: CollectSink | None = None) -> Pipeline:
     p = Pipeline("threads", parallelism=source_parallelism)
     (
         p.source(SequenceSource(count=count, keys=16), id="src")
         .map(lambda r: r, id="parse")
         .key_by(lambda r: r[0])
         .process(slow_count, id="slow", parallelism=2)
-        .sink(CollectSink(), id="out")
+        .sink(sink or CollectSink(), id="out")
     )
     return p
 
@@ -115,3 +116,73 @@ def test_a_newer_checkpoint_supersedes_an_unfinished_one(policy):
     assert_consistent_cut(cut(coord, 2), 2)
     # checkpoint 1 either completed everywhere or was declined by the subtasks that saw barrier 2 first
     assert len(coord.acks.get(1, {})) == 4 or any(d[0] == 1 for d in coord.declines)
+
+
+class FailingSink(CollectSink):
+    def write(self, record):
+        raise RuntimeError(f"sink cannot write {record!r}")
+
+
+class SinkFailingItsSnapshot(CollectSink):
+    """Fails in its first subtask only: every other subtask fails because a channel broke."""
+
+    def snapshot(self, checkpoint_id):
+        if self.subtask_index == 0:
+            raise RuntimeError(f"sink cannot snapshot checkpoint {checkpoint_id}")
+        return super().snapshot(checkpoint_id)
+
+
+class FailingSource(SequenceSource):
+    def poll(self, max_records):
+        raise RuntimeError("source cannot read")
+
+
+def test_a_sink_that_raises_fails_its_upstream_subtasks_instead_of_leaving_them_waiting_for_credit():
+    p = Pipeline("failing-sink", parallelism=2)
+    p.source(SequenceSource(count=20_000, keys=4), id="src").rebalance().map(lambda r: r, id="m").sink(
+        FailingSink(), id="out"
+    )
+    coord = InMemoryCoordinator()
+    run = ThreadedRun(p, coord.reporter, coord.events, SMALL).start()
+    with pytest.raises(RuntimeError, match="sink cannot write"):
+        run.join(20)
+    upstream = [e for i, e in run.errors.items() if run.lives[i].subtask.spec.vertex == "src"]
+    assert len(upstream) == 2 and all("broke" in str(e) for e in upstream)
+
+
+def test_a_source_that_raises_fails_its_downstream_subtasks_instead_of_leaving_them_waiting_for_input():
+    p = Pipeline("failing-source", parallelism=2)
+    p.source(FailingSource(count=10, keys=2), id="src").rebalance().map(lambda r: r, id="m").sink(
+        CollectSink(), id="out"
+    )
+    coord = InMemoryCoordinator()
+    run = ThreadedRun(p, coord.reporter, coord.events, SMALL).start()
+    with pytest.raises(RuntimeError, match="source cannot read"):
+        run.join(20)
+    downstream = [e for i, e in run.errors.items() if run.lives[i].subtask.spec.vertex == "m"]
+    assert len(downstream) == 2 and all("broke" in str(e) for e in downstream)
+
+
+def test_a_failed_subtask_raises_its_own_error_before_it_closes_its_channels(monkeypatch):
+    # in Spark the first task error to arrive is the stage's failure reason: the peers' broken channels must not
+    # overtake the error that caused them
+    gate_closed_when_raised: dict[str, bool] = {}
+    loop = SubtaskLife.run
+
+    def run(self):
+        try:
+            return loop(self)
+        except BaseException:
+            gate_closed_when_raised[self.subtask.spec.name] = self.subtask.gate.closed
+            raise
+
+    monkeypatch.setattr(SubtaskLife, "run", run)
+    coord = InMemoryCoordinator()
+    run_ = ThreadedRun(backpressured(20_000, sink=SinkFailingItsSnapshot()), coord.reporter, coord.events, SMALL)
+    run_.start()
+    wait_for(lambda: run_.subtask("slow", 0).records_in > 100, "records to flow")
+    coord.trigger(1, "aligned")
+    with pytest.raises(RuntimeError, match="sink cannot snapshot checkpoint 1"):
+        run_.join(20)
+    assert gate_closed_when_raised["slow[0]"] is False
+    assert sum("broke" in str(e) for e in run_.errors.values()) == 3  # then the others failed: it closed them
