@@ -86,8 +86,13 @@ def error_json(exc: DomainError) -> bytes:
 
 
 def invalid_from(errors: list[dict], prefix: tuple = ()) -> Invalid:
-    """A 422 from pydantic's or FastAPI's validation errors, every location prefixed with `prefix`."""
-    details = [{"loc": [*prefix, *e.get("loc", ())], "msg": e.get("msg")} for e in errors]
+    """A 422 from pydantic's or FastAPI's validation errors, every location prefixed with `prefix`. An error met
+    twice (a path parameter that the route and its auth dependency both validate) is said once."""
+    details: list[dict] = []
+    for e in errors:
+        detail = {"loc": [*prefix, *e.get("loc", ())], "msg": e.get("msg")}
+        if detail not in details:
+            details.append(detail)
     return Invalid(validation_message(details), details=details)
 
 
