@@ -105,6 +105,9 @@ def test_a_worker_lost_mid_run_scales_the_pipeline_down_and_back_up_exactly_once
     assert len(result["restarts"]) == 1, result  # the lost worker; scaling back up is no restart
     check_exactly_once(file_rows(out), COUNT)
     # the state went straight into S3, under the job's checkpoints' prefixes; both restarts restored from there
+    # (and the marker by which this deployment claimed the store)
+    assert "overtake/.overtake-deployment" in in_s3, sorted(in_s3)[:5]
+    in_s3 = [k for k in in_s3 if k != "overtake/.overtake-deployment"]
     assert in_s3 and all(k.startswith("overtake/job-1/cp-") for k in in_s3), sorted(in_s3)[:5]
     assert any(k.endswith(".state") for k in in_s3), sorted(in_s3)[:5]
     assert len(restored) == 2, restored
