@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import exists, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import AckRow, AttemptRow, BlobRow, CheckpointRow, EventRow, JobRow
@@ -106,25 +106,30 @@ async def job_view(s: AsyncSession, job: JobRow) -> Job:
     return job_model(job, (await _counts(s, [job.id]))[job.id])
 
 
+def _has_label(dialect: str, key: str, value: str):
+    """Jobs whose label `key` is `value`, in SQL: labels live in a JSON column, read with the dialect's JSON
+    functions (PostgreSQL `->>`; SQLite `json_each`, which takes any key, where a JSON path would need escaping)."""
+    if dialect == "postgresql":
+        return JobRow.labels[key].as_string() == value
+    pairs = func.json_each(JobRow.labels).table_valued("key", "value")
+    return exists().select_from(pairs).where(pairs.c.key == key, pairs.c.value == value)
+
+
 async def list_jobs(
     s: AsyncSession, status: JobStatus | None, name: str | None, limit: int, offset: int, label: str | None = None
 ) -> JobPage:
-    q = select(JobRow)
-    cq = select(func.count()).select_from(JobRow)
+    conds = []
     if status is not None:
-        q, cq = q.where(JobRow.status == status.value), cq.where(JobRow.status == status.value)
+        conds.append(JobRow.status == status.value)
     if name is not None:
-        q, cq = q.where(JobRow.name == name), cq.where(JobRow.name == name)
+        conds.append(JobRow.name == name)
     if label is not None:
         key, _, value = label.partition("=")
-        # Labels live in a JSON column: filter in Python over the (name/status-narrowed) jobs.
-        every = list((await s.execute(q.order_by(JobRow.id.desc()))).scalars())
-        matching = [j for j in every if (j.labels or {}).get(key) == value]
-        counts = await _counts(s, [j.id for j in matching[offset : offset + limit]])
-        page = matching[offset : offset + limit]
-        return JobPage(items=[job_model(j, counts[j.id]) for j in page], total=len(matching))
-    total = (await s.execute(cq)).scalar_one()
-    jobs = list((await s.execute(q.order_by(JobRow.id.desc()).limit(limit).offset(offset))).scalars())
+        conds.append(_has_label(s.get_bind().dialect.name, key, value))
+    total = (await s.execute(select(func.count()).select_from(JobRow).where(*conds))).scalar_one()
+    jobs = list(
+        (await s.execute(select(JobRow).where(*conds).order_by(JobRow.id.desc()).limit(limit).offset(offset))).scalars()
+    )
     counts = await _counts(s, [j.id for j in jobs])
     return JobPage(items=[job_model(j, counts[j.id]) for j in jobs], total=total)
 
