@@ -282,17 +282,7 @@ async def channel_state_manifest(s: AsyncSession, job_id: int, checkpoint_id: in
             .order_by(AckRow.vertex, AckRow.subtask_index)
         )
     ).scalars()
-    # an ack whose segments all reference earlier checkpoints' blobs has no blob of its own
-    acks = [a for a in acks if a.channel_blob_id is not None or a.segments]
-    entries = [
-        ChannelStateEntry(
-            vertex=a.vertex,
-            subtask_index=a.subtask_index,
-            blob_id=a.channel_blob_id,
-            segments=[ChannelSegment.model_validate(seg) for seg in a.segments],
-        )
-        for a in acks
-    ]
+    entries = [e for e in map(_channel_state_entry, acks) if e is not None]
     manifest = ChannelStateManifest(job_id=job_id, checkpoint_id=checkpoint_id, entries=entries)
     if cp.status == ABORTED:
         manifest.deleted, manifest.deleted_reason, manifest.deleted_at = True, "aborted", cp.completed_ts
@@ -300,6 +290,29 @@ async def channel_state_manifest(s: AsyncSession, job_id: int, checkpoint_id: in
         manifest.deleted, manifest.deleted_reason = True, "retention"
         manifest.deleted_at = await _discarded_at(s, job, cp)
     return manifest
+
+
+def _channel_state_entry(a: AckRow) -> ChannelStateEntry | None:
+    # an ack whose segments all reference earlier checkpoints' blobs has no blob of its own
+    if a.channel_blob_id is None and not a.segments:
+        return None
+    return ChannelStateEntry(
+        vertex=a.vertex,
+        subtask_index=a.subtask_index,
+        blob_id=a.channel_blob_id,
+        segments=[ChannelSegment.model_validate(seg) for seg in a.segments],
+    )
+
+
+async def channel_state_entry(
+    s: AsyncSession, job_id: int, checkpoint_id: int, vertex: str, subtask_index: int
+) -> ChannelStateEntry | None:
+    """One subtask's entry of a checkpoint's channel-state manifest (None: it has no channel state), read alone:
+    the manifest of a big job holds thousands."""
+    await get_job_or_404(s, job_id)
+    await get_checkpoint_or_404(s, job_id, checkpoint_id)
+    ack = await s.get(AckRow, (job_id, checkpoint_id, vertex, subtask_index))
+    return _channel_state_entry(ack) if ack is not None else None
 
 
 async def _discarded_at(s: AsyncSession, job: JobRow, cp: CheckpointRow) -> int | None:
