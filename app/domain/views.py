@@ -360,16 +360,22 @@ async def statistics(s: AsyncSession, job_id: int, history_size: int = 10) -> Ch
             .where(CheckpointRow.job_id == job_id, CheckpointRow.is_savepoint.is_(True))
         )
     ).scalar_one()
-    completed = list(
-        (
-            await s.execute(
-                select(CheckpointRow)
-                .where(CheckpointRow.job_id == job_id, CheckpointRow.status == COMPLETED)
-                .order_by(CheckpointRow.id.desc())
-                .limit(100_000)
+    # only the figures the summary needs, not whole rows (their JSON columns): a long history has many thousands
+    completed = (
+        await s.execute(
+            select(
+                CheckpointRow.completed_ts,
+                CheckpointRow.trigger_ts,
+                CheckpointRow.state_size,
+                CheckpointRow.persisted_data,
+                CheckpointRow.processed_data,
+                CheckpointRow.alignment_duration,
             )
-        ).scalars()
-    )
+            .where(CheckpointRow.job_id == job_id, CheckpointRow.status == COMPLETED)
+            .order_by(CheckpointRow.id.desc())
+            .limit(100_000)
+        )
+    ).all()
     summary = CheckpointSummary(
         end_to_end_duration=summarize([c.completed_ts - c.trigger_ts for c in completed if c.completed_ts]),
         state_size=summarize([c.state_size for c in completed]),

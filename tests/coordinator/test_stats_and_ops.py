@@ -52,6 +52,32 @@ async def test_statistics_summarize_completed_checkpoints_with_flinks_fields(api
     assert detail["checkpoint_type"] == "unaligned" and detail["end_to_end_duration"] >= 0
 
 
+async def test_statistics_load_only_the_checkpoints_they_show(api):
+    """The summary needs six figures of each completed checkpoint (up to 100,000 of them), not whole rows: rows are
+    loaded for the history and the latest checkpoints only, however long the job's history is."""
+    from sqlalchemy import event
+
+    from app.db.models import CheckpointRow
+
+    job = await api.job(parallelism={"src": 1}, retained=100)
+    for n in range(1, 21):
+        assert (await api.trigger(job["id"])).status_code == 201
+        assert (await api.ack(job["id"], n, "src", 0, metrics={"persisted_data": n})).status_code == 200
+    loaded = []
+
+    def load(target, context):
+        loaded.append(target.id)
+
+    event.listen(CheckpointRow, "load", load)
+    try:
+        stats = (await api.client.get(f"/api/v1/jobs/{job['id']}/checkpoints/stats", params={"history": 2})).json()
+    finally:
+        event.remove(CheckpointRow, "load", load)
+    assert stats["counts"]["completed"] == 20 and stats["summary"]["persisted_data"]["max"] == 20
+    assert [c["id"] for c in stats["history"]] == [20, 19]
+    assert set(loaded) <= {19, 20}, loaded
+
+
 async def test_history_is_paged_newest_first(api):
     job = await api.job(max_concurrent=100)
     for _ in range(7):
