@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from sqlalchemy import exists, func, or_, select
+from sqlalchemy import and_, case, exists, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import AckRow, AttemptRow, BlobRow, CheckpointRow, EventRow, JobRow
@@ -56,24 +56,24 @@ def _is_interrupted():
 
 
 async def _counts(s: AsyncSession, job_ids: list[int]) -> dict[int, dict[str, int]]:
-    """Checkpoints per job by status, and 'interrupted': the aborted ones that were not failures."""
-    out: dict[int, dict[str, int]] = defaultdict(lambda: {PENDING: 0, COMPLETED: 0, ABORTED: 0, "interrupted": 0})
+    """Checkpoints per job by status, 'interrupted': the aborted ones that were not failures, and 'savepoints', in one
+    pass over the jobs' checkpoints (a long history has hundreds of thousands)."""
+    out: dict[int, dict[str, int]] = defaultdict(
+        lambda: {PENDING: 0, COMPLETED: 0, ABORTED: 0, "interrupted": 0, "savepoints": 0}
+    )
     if not job_ids:
         return out
+    interrupted = func.sum(case((and_(CheckpointRow.status == ABORTED, _is_interrupted()), 1), else_=0))
+    savepoints = func.sum(case((CheckpointRow.is_savepoint.is_(True), 1), else_=0))
     rows = await s.execute(
-        select(CheckpointRow.job_id, CheckpointRow.status, func.count())
+        select(CheckpointRow.job_id, CheckpointRow.status, func.count(), interrupted, savepoints)
         .where(CheckpointRow.job_id.in_(job_ids))
         .group_by(CheckpointRow.job_id, CheckpointRow.status)
     )
-    for job_id, status, n in rows:
+    for job_id, status, n, not_failed, saved in rows:
         out[job_id][status] = n
-    interrupted = await s.execute(
-        select(CheckpointRow.job_id, func.count())
-        .where(CheckpointRow.job_id.in_(job_ids), CheckpointRow.status == ABORTED, _is_interrupted())
-        .group_by(CheckpointRow.job_id)
-    )
-    for job_id, n in interrupted:
-        out[job_id]["interrupted"] = n
+        out[job_id]["interrupted"] += int(not_failed or 0)
+        out[job_id]["savepoints"] += int(saved or 0)
     return out
 
 
@@ -353,13 +353,6 @@ def summarize(values: list[float]) -> MinMaxAvg:
 async def statistics(s: AsyncSession, job_id: int, history_size: int = 10) -> CheckpointStatistics:
     await get_job_or_404(s, job_id)
     counts = (await _counts(s, [job_id]))[job_id]
-    savepoints = (
-        await s.execute(
-            select(func.count())
-            .select_from(CheckpointRow)
-            .where(CheckpointRow.job_id == job_id, CheckpointRow.is_savepoint.is_(True))
-        )
-    ).scalar_one()
     # only the figures the summary needs, not whole rows (their JSON columns): a long history has many thousands
     completed = (
         await s.execute(
@@ -407,11 +400,11 @@ async def statistics(s: AsyncSession, job_id: int, history_size: int = 10) -> Ch
     ).scalars()
     return CheckpointStatistics(
         counts=CheckpointCounts(
-            total=sum(counts.values()),
+            total=sum(counts.get(status, 0) for status in (PENDING, COMPLETED, ABORTED)),
             in_progress=counts.get(PENDING, 0),
             completed=counts.get(COMPLETED, 0),
             failed=counts.get(ABORTED, 0),
-            savepoints=savepoints,
+            savepoints=counts["savepoints"],
             interrupted=counts.get("interrupted", 0),
         ),
         summary=summary,

@@ -52,6 +52,30 @@ async def test_statistics_summarize_completed_checkpoints_with_flinks_fields(api
     assert detail["checkpoint_type"] == "unaligned" and detail["end_to_end_duration"] >= 0
 
 
+async def test_an_interrupted_checkpoint_is_counted_once_in_the_total(api):
+    job = await api.job()
+    assert (await api.trigger(job["id"])).status_code == 201
+    assert (await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={})).status_code == 201
+    stats = (await api.client.get(f"/api/v1/jobs/{job['id']}/checkpoints/stats")).json()
+    assert stats["counts"] == {
+        "total": 1, "in_progress": 0, "completed": 0, "failed": 1, "savepoints": 0, "interrupted": 1
+    }
+
+
+async def test_a_jobs_checkpoints_are_counted_in_one_pass(api):
+    """Counting by status, the interrupted ones and the savepoints took three scans of a job's checkpoints (every one
+    of a long history) for the statistics, two for a job's view; one now."""
+    from tests.coordinator._sql import recorded_statements
+
+    job = await api.job()
+    assert (await api.trigger(job["id"])).status_code == 201
+    for url in (f"/api/v1/jobs/{job['id']}/checkpoints/stats", f"/api/v1/jobs/{job['id']}", "/api/v1/jobs"):
+        with recorded_statements(api) as statements:
+            assert (await api.client.get(url)).status_code == 200
+        scans = [st for st in statements if "FROM CHECKPOINTS" in st and "COUNT(" in st]
+        assert len(scans) == 1, (url, scans)
+
+
 async def test_statistics_load_only_the_checkpoints_they_show(api):
     """The summary needs six figures of each completed checkpoint (up to 100,000 of them), not whole rows: rows are
     loaded for the history and the latest checkpoints only, however long the job's history is."""
