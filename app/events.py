@@ -250,12 +250,15 @@ async def follow(
     last = after
     try:
         while True:
+            behind = False
             for e in await read(last):
                 if e.id > last:
-                    last = e.id
+                    last, behind = e.id, True
                     yield e
                     if ends_attempt(e, attempt):
                         return
+            if behind:
+                continue  # a read returns one page of the log: read on until it has nothing newer, then wait
             while True:
                 try:
                     e = await asyncio.wait_for(queue.get(), timeout=poll_interval)

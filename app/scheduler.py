@@ -16,7 +16,7 @@ import time
 
 from sqlalchemy import case, func, select, update
 
-from app.db.models import CheckpointRow, JobRow
+from app.db.models import CheckpointRow, EventRow, JobRow
 from app.domain.checkpoints import ACTIVE, abort_checkpoint, pending_ids, trigger, trigger_refusal
 from app.domain.context import BackgroundWorker, Context, lock_job, now_ms
 from app.domain.lifecycle import PENDING, AbortReason
@@ -226,9 +226,16 @@ class Scheduler(BackgroundWorker):
             log.warning("scheduler: could not record the failure on job %s: %s", job_id, record_exc)
 
     async def _trim_events(self) -> None:
+        """Events older than the newest `event_retention` of each job are deleted. Only jobs that have such events
+        are visited: a job whose log was trimmed and that emits nothing more (a finished one) costs no transaction."""
         keep = self.ctx.settings.event_retention
+        behind = select(EventRow.seq).where(EventRow.job_id == JobRow.id, EventRow.seq <= JobRow.event_seq - keep)
         async with self.ctx.tx(readonly=True) as s:
-            jobs = (await s.execute(select(JobRow.id, JobRow.event_seq).where(JobRow.event_seq > keep))).all()
+            jobs = (
+                await s.execute(
+                    select(JobRow.id, JobRow.event_seq).where(JobRow.event_seq > keep, behind.exists())
+                )
+            ).all()
         for job_id, seq in jobs:
             async with self.ctx.tx() as s:
                 await trim_log(s, job_id, seq - keep)

@@ -264,10 +264,7 @@ async def preview_channel_segment(
 ) -> SegmentPreview:
     """Decoded records of one channel-state segment, for the UI: bounded, and never unpickling arbitrary classes."""
     async with ctx.tx(readonly=True) as s:
-        manifest = await views.channel_state_manifest(s, job_id, checkpoint_id)
-    entry = next(
-        (e for e in manifest.entries if e.vertex == vertex and e.subtask_index == subtask_index), None
-    )
+        entry = await views.channel_state_entry(s, job_id, checkpoint_id, vertex, subtask_index)
     if entry is None:
         raise NotFound(
             f"checkpoint {checkpoint_id} of job {job_id} has no channel state of {vertex}[{subtask_index}]"

@@ -106,9 +106,12 @@ async def live_view(s: AsyncSession, store: LiveMetricsStore, job_id: int) -> Jo
     now = now_ms()
     running = job.status in lifecycle.ACTIVE
     entries = store.latest(job_id, job.current_attempt, now) if running else {}
+    by_vertex: dict[str, list[tuple[int, _Entry]]] = {}
+    for (vid, i), e in entries.items():  # once: a graph has up to 1,000 vertices and thousands of subtasks
+        by_vertex.setdefault(vid, []).append((i, e))
     vertices = []
     for v in job.graph["vertices"]:
-        mine = sorted(((i, e) for (vid, i), e in entries.items() if vid == v["id"]), key=lambda x: x[0])
+        mine = sorted(by_vertex.get(v["id"], []), key=lambda x: x[0])
         subtasks = [
             SubtaskLiveMetrics(
                 vertex=v["id"], subtask_index=i, timestamp=e.timestamp, received_at=e.received_at, metrics=e.metrics

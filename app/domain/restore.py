@@ -23,6 +23,7 @@ depend on which new subtask re-sends which output state.
 from __future__ import annotations
 
 import asyncio
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from typing import Literal
 
@@ -241,38 +242,70 @@ def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
     return a[0] <= b[1] and b[0] <= a[1]
 
 
-def _input_segments(old: list[AckRow], i: int, p: int, maxp: int) -> list[RestoreSegment]:
+class _OldSubtasks:
+    """The acks of one vertex's old subtasks (sorted by index), indexed once so that each new subtask finds the ones
+    it restores from without scanning them all: a plan stays linear in the number of subtasks."""
+
+    def __init__(self, old: list[AckRow], p: int, maxp: int) -> None:
+        self.acks, self.p, self.maxp = old, p, maxp
+        self.rescaled = bool(old) and len(old) != p
+        self.ranges = [key_group_range(a.subtask_index, maxp, len(old)) for a in old]
+        # key-group ranges grow with the subtask index: the old subtasks overlapping a range are consecutive
+        self._starts = [r[0] for r in self.ranges]
+        self._ends = [r[1] for r in self.ranges]
+        self._mapped: dict[int, list[int]] = defaultdict(list)
+        self._same: dict[int, int] = {}
+        for pos, a in enumerate(old):
+            self._mapped[a.subtask_index % p if self.rescaled else a.subtask_index].append(pos)
+            self._same[a.subtask_index] = pos
+
+    def mapped(self, i: int) -> list[int]:
+        """Positions of the old subtasks that map to new subtask ``i``: the same index, or (rescaled) ``j mod p``."""
+        return self._mapped.get(i, [])
+
+    def same(self, i: int) -> int | None:
+        """Position of the old subtask with index ``i``."""
+        return self._same.get(i)
+
+    def overlapping(self, kg: tuple[int, int]) -> range:
+        """Positions of the old subtasks whose key-group range overlaps ``kg``."""
+        return range(bisect_left(self._ends, kg[0]), bisect_right(self._starts, kg[1]))
+
+
+def _input_segments(old: _OldSubtasks, i: int) -> list[RestoreSegment]:
     """The input channel state new subtask ``i`` of ``p`` replays, from the old subtasks ``old`` of the vertex."""
-    old_p = len(old)
-    if old_p == p:
-        return [seg for a in old if a.subtask_index == i for seg in _segments(a, "input")]
-    mine = key_group_range(i, maxp, p)
+    if not old.rescaled:
+        return [seg for pos in old.mapped(i) for seg in _segments(old.acks[pos], "input")]
+    mine = key_group_range(i, old.maxp, old.p)
+    same = old.same(i)
+    candidates = {*old.mapped(i), *old.overlapping(mine), *([same] if same is not None else [])}
     out: list[RestoreSegment] = []
-    for a in old:
+    for pos in sorted(candidates):
+        a, theirs = old.acks[pos], old.ranges[pos]
         j = a.subtask_index
-        for seg in _segments(a, "input", key_group_range(j, maxp, old_p)):
+        for seg in _segments(a, "input", theirs):
             if seg.partitioning == Partitioning.hash:
-                keep = _overlaps(key_group_range(j, maxp, old_p), mine)
+                keep = _overlaps(theirs, mine)
             elif seg.partitioning == Partitioning.broadcast:
                 keep = j == i
             else:
-                keep = j % p == i
+                keep = j % old.p == i
             if keep:
                 out.append(seg)
     return out
 
 
-def _operator_state(old: list[AckRow], blobs: dict[str, BlobRow], i: int, p: int, maxp: int, keyed: bool):
+def _operator_state(old: _OldSubtasks, blobs: dict[str, BlobRow], i: int, keyed: bool):
     """Slices of operator state for new subtask ``i``: keyed state from every old subtask whose key-group range
     overlaps (the subtask keeps its own key groups), the rest from the old subtasks that map to it."""
-    old_p = len(old)
-    mine = key_group_range(i, maxp, p)
+    mine = key_group_range(i, old.maxp, old.p)
+    mapped = set(old.mapped(i))
+    candidates = mapped | set(old.overlapping(mine)) if keyed else mapped
     out: list[RestoreState] = []
-    for a in old:
-        j = a.subtask_index
-        same = j == i if old_p == p else j % p == i
-        overlapping = keyed and _overlaps(key_group_range(j, maxp, old_p), mine)
-        if a.operator_blob_id and (same or overlapping):
+    for pos in sorted(candidates):
+        a = old.acks[pos]
+        overlapping = keyed and _overlaps(old.ranges[pos], mine)
+        if a.operator_blob_id and (pos in mapped or overlapping):
             # key groups only where the slice holds some of this subtask's keyed state
             out.append(_state(a, blobs[a.operator_blob_id], mine[0], mine[1], overlapping))
     return out
@@ -291,11 +324,12 @@ def _plan(
         by_vertex[a.vertex].append(a)
     subtasks: list[SubtaskRestore] = []
     for v in job.graph["vertices"]:
-        old = sorted(by_vertex.get(v["id"], []), key=lambda a: a.subtask_index)
         p, maxp = v["parallelism"], v["max_parallelism"]
-        rescaled = bool(old) and len(old) != p
+        old = _OldSubtasks(sorted(by_vertex.get(v["id"], []), key=lambda a: a.subtask_index), p, maxp)
         positions = [
-            SourcePosition(from_subtask=a.subtask_index, offsets=a.source_offsets) for a in old if a.source_offsets
+            SourcePosition(from_subtask=a.subtask_index, offsets=a.source_offsets)
+            for a in old.acks
+            if a.source_offsets
         ]
         for i in range(p):
             kg_start, kg_end = key_group_range(i, maxp, p)
@@ -304,15 +338,15 @@ def _plan(
                 subtask_index=i,
                 key_group_start=kg_start,
                 key_group_end=kg_end,
-                operator_state=_operator_state(old, blobs, i, p, maxp, bool(v.get("keyed"))),
-                input_channel_state=_input_segments(old, i, p, maxp),
-                source_positions=positions if rescaled else [],
+                operator_state=_operator_state(old, blobs, i, bool(v.get("keyed"))),
+                input_channel_state=_input_segments(old, i),
+                source_positions=positions if old.rescaled else [],
             )
-            for a in old:
-                if (a.subtask_index % p if rescaled else a.subtask_index) == i:
-                    sub.output_channel_state += _segments(a, "output")
-                if a.subtask_index == i:
-                    sub.source_offsets = a.source_offsets
+            for pos in old.mapped(i):
+                sub.output_channel_state += _segments(old.acks[pos], "output")
+            same = old.same(i)
+            if same is not None:
+                sub.source_offsets = old.acks[same].source_offsets
             subtasks.append(sub)
     return RestorePlan(
         job_id=job.id,

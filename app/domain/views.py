@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import and_, case, exists, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import AckRow, AttemptRow, BlobRow, CheckpointRow, EventRow, JobRow
@@ -56,24 +56,24 @@ def _is_interrupted():
 
 
 async def _counts(s: AsyncSession, job_ids: list[int]) -> dict[int, dict[str, int]]:
-    """Checkpoints per job by status, and 'interrupted': the aborted ones that were not failures."""
-    out: dict[int, dict[str, int]] = defaultdict(lambda: {PENDING: 0, COMPLETED: 0, ABORTED: 0, "interrupted": 0})
+    """Checkpoints per job by status, 'interrupted': the aborted ones that were not failures, and 'savepoints', in one
+    pass over the jobs' checkpoints (a long history has hundreds of thousands)."""
+    out: dict[int, dict[str, int]] = defaultdict(
+        lambda: {PENDING: 0, COMPLETED: 0, ABORTED: 0, "interrupted": 0, "savepoints": 0}
+    )
     if not job_ids:
         return out
+    interrupted = func.sum(case((and_(CheckpointRow.status == ABORTED, _is_interrupted()), 1), else_=0))
+    savepoints = func.sum(case((CheckpointRow.is_savepoint.is_(True), 1), else_=0))
     rows = await s.execute(
-        select(CheckpointRow.job_id, CheckpointRow.status, func.count())
+        select(CheckpointRow.job_id, CheckpointRow.status, func.count(), interrupted, savepoints)
         .where(CheckpointRow.job_id.in_(job_ids))
         .group_by(CheckpointRow.job_id, CheckpointRow.status)
     )
-    for job_id, status, n in rows:
+    for job_id, status, n, not_failed, saved in rows:
         out[job_id][status] = n
-    interrupted = await s.execute(
-        select(CheckpointRow.job_id, func.count())
-        .where(CheckpointRow.job_id.in_(job_ids), CheckpointRow.status == ABORTED, _is_interrupted())
-        .group_by(CheckpointRow.job_id)
-    )
-    for job_id, n in interrupted:
-        out[job_id]["interrupted"] = n
+        out[job_id]["interrupted"] += int(not_failed or 0)
+        out[job_id]["savepoints"] += int(saved or 0)
     return out
 
 
@@ -106,25 +106,30 @@ async def job_view(s: AsyncSession, job: JobRow) -> Job:
     return job_model(job, (await _counts(s, [job.id]))[job.id])
 
 
+def _has_label(dialect: str, key: str, value: str):
+    """Jobs whose label `key` is `value`, in SQL: labels live in a JSON column, read with the dialect's JSON
+    functions (PostgreSQL `->>`; SQLite `json_each`, which takes any key, where a JSON path would need escaping)."""
+    if dialect == "postgresql":
+        return JobRow.labels[key].as_string() == value
+    pairs = func.json_each(JobRow.labels).table_valued("key", "value")
+    return exists().select_from(pairs).where(pairs.c.key == key, pairs.c.value == value)
+
+
 async def list_jobs(
     s: AsyncSession, status: JobStatus | None, name: str | None, limit: int, offset: int, label: str | None = None
 ) -> JobPage:
-    q = select(JobRow)
-    cq = select(func.count()).select_from(JobRow)
+    conds = []
     if status is not None:
-        q, cq = q.where(JobRow.status == status.value), cq.where(JobRow.status == status.value)
+        conds.append(JobRow.status == status.value)
     if name is not None:
-        q, cq = q.where(JobRow.name == name), cq.where(JobRow.name == name)
+        conds.append(JobRow.name == name)
     if label is not None:
         key, _, value = label.partition("=")
-        # Labels live in a JSON column: filter in Python over the (name/status-narrowed) jobs.
-        every = list((await s.execute(q.order_by(JobRow.id.desc()))).scalars())
-        matching = [j for j in every if (j.labels or {}).get(key) == value]
-        counts = await _counts(s, [j.id for j in matching[offset : offset + limit]])
-        page = matching[offset : offset + limit]
-        return JobPage(items=[job_model(j, counts[j.id]) for j in page], total=len(matching))
-    total = (await s.execute(cq)).scalar_one()
-    jobs = list((await s.execute(q.order_by(JobRow.id.desc()).limit(limit).offset(offset))).scalars())
+        conds.append(_has_label(s.get_bind().dialect.name, key, value))
+    total = (await s.execute(select(func.count()).select_from(JobRow).where(*conds))).scalar_one()
+    jobs = list(
+        (await s.execute(select(JobRow).where(*conds).order_by(JobRow.id.desc()).limit(limit).offset(offset))).scalars()
+    )
     counts = await _counts(s, [j.id for j in jobs])
     return JobPage(items=[job_model(j, counts[j.id]) for j in jobs], total=total)
 
@@ -277,17 +282,7 @@ async def channel_state_manifest(s: AsyncSession, job_id: int, checkpoint_id: in
             .order_by(AckRow.vertex, AckRow.subtask_index)
         )
     ).scalars()
-    # an ack whose segments all reference earlier checkpoints' blobs has no blob of its own
-    acks = [a for a in acks if a.channel_blob_id is not None or a.segments]
-    entries = [
-        ChannelStateEntry(
-            vertex=a.vertex,
-            subtask_index=a.subtask_index,
-            blob_id=a.channel_blob_id,
-            segments=[ChannelSegment.model_validate(seg) for seg in a.segments],
-        )
-        for a in acks
-    ]
+    entries = [e for e in map(_channel_state_entry, acks) if e is not None]
     manifest = ChannelStateManifest(job_id=job_id, checkpoint_id=checkpoint_id, entries=entries)
     if cp.status == ABORTED:
         manifest.deleted, manifest.deleted_reason, manifest.deleted_at = True, "aborted", cp.completed_ts
@@ -295,6 +290,29 @@ async def channel_state_manifest(s: AsyncSession, job_id: int, checkpoint_id: in
         manifest.deleted, manifest.deleted_reason = True, "retention"
         manifest.deleted_at = await _discarded_at(s, job, cp)
     return manifest
+
+
+def _channel_state_entry(a: AckRow) -> ChannelStateEntry | None:
+    # an ack whose segments all reference earlier checkpoints' blobs has no blob of its own
+    if a.channel_blob_id is None and not a.segments:
+        return None
+    return ChannelStateEntry(
+        vertex=a.vertex,
+        subtask_index=a.subtask_index,
+        blob_id=a.channel_blob_id,
+        segments=[ChannelSegment.model_validate(seg) for seg in a.segments],
+    )
+
+
+async def channel_state_entry(
+    s: AsyncSession, job_id: int, checkpoint_id: int, vertex: str, subtask_index: int
+) -> ChannelStateEntry | None:
+    """One subtask's entry of a checkpoint's channel-state manifest (None: it has no channel state), read alone:
+    the manifest of a big job holds thousands."""
+    await get_job_or_404(s, job_id)
+    await get_checkpoint_or_404(s, job_id, checkpoint_id)
+    ack = await s.get(AckRow, (job_id, checkpoint_id, vertex, subtask_index))
+    return _channel_state_entry(ack) if ack is not None else None
 
 
 async def _discarded_at(s: AsyncSession, job: JobRow, cp: CheckpointRow) -> int | None:
@@ -335,23 +353,22 @@ def summarize(values: list[float]) -> MinMaxAvg:
 async def statistics(s: AsyncSession, job_id: int, history_size: int = 10) -> CheckpointStatistics:
     await get_job_or_404(s, job_id)
     counts = (await _counts(s, [job_id]))[job_id]
-    savepoints = (
+    # only the figures the summary needs, not whole rows (their JSON columns): a long history has many thousands
+    completed = (
         await s.execute(
-            select(func.count())
-            .select_from(CheckpointRow)
-            .where(CheckpointRow.job_id == job_id, CheckpointRow.is_savepoint.is_(True))
-        )
-    ).scalar_one()
-    completed = list(
-        (
-            await s.execute(
-                select(CheckpointRow)
-                .where(CheckpointRow.job_id == job_id, CheckpointRow.status == COMPLETED)
-                .order_by(CheckpointRow.id.desc())
-                .limit(100_000)
+            select(
+                CheckpointRow.completed_ts,
+                CheckpointRow.trigger_ts,
+                CheckpointRow.state_size,
+                CheckpointRow.persisted_data,
+                CheckpointRow.processed_data,
+                CheckpointRow.alignment_duration,
             )
-        ).scalars()
-    )
+            .where(CheckpointRow.job_id == job_id, CheckpointRow.status == COMPLETED)
+            .order_by(CheckpointRow.id.desc())
+            .limit(100_000)
+        )
+    ).all()
     summary = CheckpointSummary(
         end_to_end_duration=summarize([c.completed_ts - c.trigger_ts for c in completed if c.completed_ts]),
         state_size=summarize([c.state_size for c in completed]),
@@ -383,11 +400,11 @@ async def statistics(s: AsyncSession, job_id: int, history_size: int = 10) -> Ch
     ).scalars()
     return CheckpointStatistics(
         counts=CheckpointCounts(
-            total=sum(counts.values()),
+            total=sum(counts.get(status, 0) for status in (PENDING, COMPLETED, ABORTED)),
             in_progress=counts.get(PENDING, 0),
             completed=counts.get(COMPLETED, 0),
             failed=counts.get(ABORTED, 0),
-            savepoints=savepoints,
+            savepoints=counts["savepoints"],
             interrupted=counts.get("interrupted", 0),
         ),
         summary=summary,

@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import struct
 
 import pytest
 
@@ -277,3 +278,36 @@ async def test_a_subtask_that_disconnects_in_the_middle_of_its_report_is_no_erro
     assert sent[0]["status"] == 400
     assert await _count_blobs(api) == 0 and _stored_files(api) == []
     assert (await api.checkpoint(job["id"], 1))["num_acknowledged_subtasks"] == 0
+
+
+async def test_a_segment_preview_reads_only_its_subtasks_ack(api):
+    """The preview of one segment read the checkpoint's whole channel-state manifest (every ack's segments: thousands
+    in a big job) to find one entry; it reads that subtask's ack alone."""
+    from sqlalchemy import event
+
+    from app.db.models import AckRow
+    from tests.ui.seed import frame
+
+    job = await api.job(parallelism={"src": 2, "agg": 6})
+    await api.trigger(job["id"])
+    channel = struct.pack("<I", len(buffer := frame([("k", 1), ("k", 2), ("k", 3)]))) + buffer
+    for i in range(6):
+        assert (await report(api, job["id"], 1, "agg", i, channel=channel)).status_code == 200
+    loaded = []
+
+    def load(target, context):
+        loaded.append((target.vertex, target.subtask_index))
+
+    params = {"vertex": "agg", "subtask_index": 4, "channel": "in:src[0]", "direction": "input"}
+    event.listen(AckRow, "load", load)
+    try:
+        r = await api.client.get(f"/api/v1/jobs/{job['id']}/checkpoints/1/channel-state/preview", params=params)
+        missing = await api.client.get(
+            f"/api/v1/jobs/{job['id']}/checkpoints/1/channel-state/preview", params={**params, "vertex": "src", "subtask_index": 1}
+        )
+    finally:
+        event.remove(AckRow, "load", load)
+    assert r.status_code == 200, r.text
+    assert [rec["text"] for rec in r.json()["records"]] == ["('k', 1)", "('k', 2)", "('k', 3)"]
+    assert missing.status_code == 404 and "no channel state of src[1]" in missing.json()["error"]["message"]
+    assert loaded == [("agg", 4)]

@@ -64,6 +64,22 @@ async def test_follow_does_not_pass_on_a_foreign_event_numbered_next():
     assert (nxt.id, nxt.deployment) == (3, "mine")
 
 
+async def test_follow_catches_up_a_log_longer_than_one_read_without_waiting_for_the_bus():
+    """A read returns one page of the log (1,000 events): a stream resuming far behind read a page, then waited a
+    poll interval for the bus before the next, so catching up on a quiet job's 20,000 retained events took
+    twenty intervals. It reads page after page until the log has nothing newer."""
+    bus = MemoryBus("mine")
+    log = [_event(i, "mine") for i in range(1, 8)]
+
+    async def read(after: int) -> list[Event]:
+        return [e for e in log if e.id > after][:2]
+
+    stream = follow(bus, read, 1, 0, poll_interval=3600)
+    got = [await asyncio.wait_for(stream.__anext__(), 10) for _ in log]
+    await stream.aclose()
+    assert [e.id for e in got] == [e.id for e in log]
+
+
 def test_a_bus_drops_what_another_deployment_publishes():
     bus = MemoryBus("mine")
     queue = bus.subscribe(1)

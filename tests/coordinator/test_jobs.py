@@ -145,6 +145,49 @@ async def test_jobs_are_listed_newest_first_and_filtered_by_status(api):
     assert [j["id"] for j in running["items"]] == [second["id"]]
 
 
+async def test_jobs_are_filtered_by_a_label_with_any_key(api):
+    labelled = [{"team": "a"}, {"team": "b"}, {'we"ird.key': "x y", "team": "a"}, {"team": ""}, {}]
+    ids = []
+    for labels in labelled:
+        r = await api.client.post("/api/v1/jobs", json={**job_body(), "labels": labels})
+        assert r.status_code == 201, r.text
+        ids.append(r.json()["id"])
+
+    async def listed(label: str, **params) -> tuple[list[int], int]:
+        page = (await api.client.get("/api/v1/jobs", params={"label": label, **params})).json()
+        return [j["id"] for j in page["items"]], page["total"]
+
+    assert await listed("team=a") == ([ids[2], ids[0]], 2)
+    assert await listed("team=a", limit=1, offset=1) == ([ids[0]], 2)
+    assert await listed('we"ird.key=x y') == ([ids[2]], 1)
+    assert await listed("team=") == ([ids[3]], 1)
+    assert await listed("team=a", status="FAILED") == ([], 0)
+    assert await listed("nobody=a") == ([], 0)
+
+
+async def test_listing_jobs_by_label_loads_only_the_page(api):
+    """The label filter ran in Python over every job (with its graph): a page of jobs by label read them all."""
+    from sqlalchemy import event
+
+    from app.db.models import JobRow
+
+    for _ in range(8):
+        r = await api.client.post("/api/v1/jobs", json={**job_body(), "labels": {"team": "a"}})
+        assert r.status_code == 201, r.text
+    loaded = []
+
+    def load(target, context):
+        loaded.append(target.id)
+
+    event.listen(JobRow, "load", load)
+    try:
+        page = (await api.client.get("/api/v1/jobs", params={"label": "team=a", "limit": 2})).json()
+    finally:
+        event.remove(JobRow, "load", load)
+    assert page["total"] == 8 and len(page["items"]) == 2
+    assert sorted(loaded) == sorted(j["id"] for j in page["items"])
+
+
 async def test_cancel_aborts_pending_checkpoints_and_refuses_new_triggers(api):
     job = await api.job()
     cp = (await api.trigger(job["id"])).json()

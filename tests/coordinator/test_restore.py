@@ -198,3 +198,34 @@ async def test_rescaling_refuses_impossible_parallelism(api):
         r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"parallelism": parallelism})
         assert r.status_code == 422 and phrase in r.json()["error"]["message"], r.text
     assert (await api.client.get(f"/api/v1/jobs/{job['id']}")).json()["current_attempt"] == 1
+
+
+async def test_a_restore_plan_looks_at_each_old_subtask_a_bounded_number_of_times(sqlite_api, monkeypatch):
+    """Each new subtask finds the old subtasks it restores from without scanning all of them: the key-group ranges
+    the plan computes grow with the number of subtasks, not with its square (a plan for 2,000 subtasks took
+    seconds), restoring at the same parallelism and rescaled."""
+    from app.domain import restore
+
+    api = sqlite_api
+    p = 120
+    job = await api.job(parallelism={"src": p, "agg": p})
+    cp = (await api.trigger(job["id"])).json()["id"]
+    for v in ("src", "agg"):
+        for first in range(0, p, 50):
+            acks = [{"attempt": 1, "vertex": v, "subtask_index": i} for i in range(first, min(p, first + 50))]
+            r = await api.client.post(f"/api/v1/jobs/{job['id']}/checkpoints/{cp}/acks/batch", json={"acks": acks})
+            assert r.status_code == 200 and all(item["ok"] for item in r.json()["items"]), r.text
+    assert (await api.checkpoint(job["id"], cp))["status"] == "COMPLETED"
+
+    calls = []
+    real = restore.key_group_range
+    monkeypatch.setattr(restore, "key_group_range", lambda *a: calls.append(a) or real(*a))
+    r = await api.client.get(f"/api/v1/jobs/{job['id']}/restore-plan")
+    assert r.status_code == 200 and len(r.json()["subtasks"]) == 2 * p
+    assert len(calls) <= 3 * 2 * p, len(calls)
+
+    calls.clear()
+    r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"parallelism": {"agg": p // 3}})
+    assert r.status_code == 201, r.text
+    assert r.json()["restore_plan"]["rescaled"][0]["new_parallelism"] == p // 3
+    assert len(calls) <= 3 * 2 * p, len(calls)

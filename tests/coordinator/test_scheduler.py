@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from app.db.models import JobRow
 
@@ -195,3 +195,28 @@ async def test_an_expired_checkpoint_is_stamped_when_it_is_aborted_not_when_the_
         assert cp["status"] == "ABORTED" and "(1 of 2 acked)" in cp["failure_reason"], cp["failure_reason"]
         (acked,) = cp["subtasks"]
         assert cp["failure_timestamp"] >= acked["ack_timestamp"], (cp["failure_timestamp"], acked["ack_timestamp"])
+
+
+async def test_trimming_the_event_logs_visits_only_jobs_with_events_to_trim(make_api):
+    """A sweep ran one transaction per job whose event counter had passed `event_retention`, trimmed or not:
+    with hundreds of finished jobs, hundreds of DELETEs every sweep. Once a log is trimmed, the sweep reads which
+    jobs have something to trim in one statement and visits none, however many jobs there are."""
+    from app.db.models import EventRow
+    from app.scheduler import Scheduler
+    from tests.coordinator._sql import recorded_statements
+
+    async with make_api(scheduler_enabled=False, event_retention=1) as api:
+        jobs = [await api.job() for _ in range(6)]
+        for job in jobs:
+            assert (await api.trigger(job["id"])).status_code == 201  # a second event in its log
+        scheduler = Scheduler(api.ctx)
+        with recorded_statements(api) as statements:
+            await scheduler._trim_events()
+        assert sum(st.startswith("DELETE FROM EVENTS") for st in statements) == len(jobs), statements
+        async with api.ctx.tx(readonly=True) as s:
+            for job in jobs:
+                seqs = (await s.execute(select(EventRow.seq).where(EventRow.job_id == job["id"]))).scalars().all()
+                assert len(seqs) == 1
+        with recorded_statements(api) as statements:
+            await scheduler._trim_events()
+        assert [st.split()[0] for st in statements if not st.startswith("BEGIN")] == ["SELECT"], statements
