@@ -17,6 +17,7 @@ import time
 from sqlalchemy import case, func, select, update
 
 from app.db.models import CheckpointRow, EventRow, JobRow
+from app.domain import history
 from app.domain.checkpoints import ACTIVE, abort_checkpoint, pending_ids, trigger, trigger_refusal
 from app.domain.context import BackgroundWorker, Context, lock_job, now_ms
 from app.domain.lifecycle import PENDING, AbortReason
@@ -105,6 +106,7 @@ class Scheduler(BackgroundWorker):
             self._next_sweep = time.monotonic() + 10
             await self.ctx.sweep_state()
             await self._trim_events()
+            await history.trim(self.ctx, self.ctx.settings.checkpoint_history)
         return next_due
 
     async def _expire_and_switch(self, now: int) -> int:

@@ -74,6 +74,12 @@ class Settings(BaseSettings):
         default=512, description="Most acks committed in one group-commit transaction."
     )
     event_retention: int = Field(default=20_000, description="Events kept per job for resuming streams.")
+    checkpoint_history: int = Field(
+        default=1_000,
+        description="Checkpoints kept per job in the database, with their acks: one older than the job's newest by "
+        "more is deleted once nothing needs it (never a pending one, a savepoint, one kept for restore, one whose "
+        "objects are not cleaned yet or that a kept checkpoint references).",
+    )
     state_writes: Literal["direct", "coordinator"] = Field(
         default="direct",
         description="direct: subtasks write their state straight into the blob store (every checkpoint's trigger "
@@ -124,7 +130,9 @@ class Settings(BaseSettings):
         """The largest upload request: a subtask's two blobs and its ack (acks/with-state)."""
         return 2 * self.max_blob_size + self.max_request_body
 
-    @field_validator("max_blob_size", "max_request_body", "ack_batch_max", "event_retention", "db_pool_size")
+    @field_validator(
+        "max_blob_size", "max_request_body", "ack_batch_max", "event_retention", "checkpoint_history", "db_pool_size"
+    )
     @classmethod
     def _positive(cls, v: int) -> int:
         if v <= 0:
