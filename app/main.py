@@ -104,6 +104,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.auth = Auth(ctx)
     app.state.live_metrics = ctx.live = LiveMetricsStore()
+    ctx.bus.add_listener(ctx.live.heard)
 
     @app.exception_handler(DomainError)
     async def _domain(_: Request, exc: DomainError) -> JSONResponse:
@@ -250,7 +251,7 @@ async def _claim_store(ctx: Context) -> None:
 
 def _route_security(app: FastAPI) -> dict[str, list[dict]]:
     """operationId -> its OpenAPI security: the admin token, a task token (or admin), or none (operations)."""
-    from app.api.deps import admin_only, job_access
+    from app.api.deps import admin_only, job_access, task_token
 
     out: dict[str, list[dict]] = {}
     for route in (r for router in ROUTERS for r in router.routes):
@@ -260,7 +261,8 @@ def _route_security(app: FastAPI) -> dict[str, list[dict]]:
         deps = {d.call for d in route.dependant.dependencies}
         if admin_only in deps:
             out[route.name] = [{"adminToken": []}]
-        elif job_access in deps or route.name in ("ack", "ack_batch"):  # the ack routes check tokens themselves
+        elif job_access in deps or task_token in deps or route.name in ("ack", "ack_batch"):
+            # (the ack routes check tokens themselves)
             out[route.name] = [{"taskToken": []}, {"adminToken": []}]
         else:
             out[route.name] = []

@@ -33,6 +33,13 @@ async def job_access(request: Request, job_id: Annotated[int, Path(ge=1, le=MAX_
     return await request.app.state.auth.require_job(request, job_id)
 
 
+async def task_token(request: Request, job_id: Annotated[int, Path(ge=1, le=MAX_ID)]) -> int | None:
+    """The admin token, or a task token of the job: its attempt (None: admin, or no auth), without reading the job
+    (a token's job and attempt never change, and are cached). For a route that checks the attempt itself against
+    what it knows of the job (`TaskToken`)."""
+    return await request.app.state.auth.require_job_header(request.headers.get("authorization"), job_id)
+
+
 CtxDep = Annotated[Context, Depends(get_ctx)]
 CommitterDep = Annotated[AckCommitter, Depends(get_committer)]
 JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="Job id")]
@@ -43,5 +50,8 @@ TokenAttempt = Annotated[int | None, Depends(job_access)]
 """The attempt of the request's task token (None: the admin token, or no auth), after the job's access check (as
 `TASK`): a route that changes the job checks it again under the job row lock (`app.domain.jobs.lock_job_as`); the
 event stream ends with a later attempt's start."""
+TaskToken = Annotated[int | None, Depends(task_token)]
+"""As `TokenAttempt`, but the attempt is not checked yet: the route does (the metrics reports, at most one read of
+the job per second instead of one per report)."""
 ADMIN = [Depends(admin_only)]
 TASK = [Depends(job_access)]

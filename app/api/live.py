@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Request, Response
 
-from app.api.deps import TASK, CtxDep, JobId
+from app.api.deps import TASK, CtxDep, JobId, TaskToken
 from app.domain import live_metrics
 from contract.models import MAX_ATTEMPT, MAX_PARALLELISM, NAME_PATTERN, JobLiveMetrics, SubtaskMetricsReport
 
@@ -20,7 +20,6 @@ def _store(request: Request) -> live_metrics.LiveMetricsStore:
 @router.post(
     "/attempts/{attempt}/subtasks/{vertex}/{subtask_index}/metrics",
     status_code=204,
-    dependencies=TASK,
     response_class=Response,
 )
 async def report_subtask_metrics(
@@ -31,12 +30,12 @@ async def report_subtask_metrics(
     body: SubtaskMetricsReport,
     request: Request,
     ctx: CtxDep,
+    token_attempt: TaskToken,
 ) -> Response:
     """A running subtask's latest metrics (records/s, backpressure, watermark and its lag). Idempotent: only the
     newest report of each subtask is kept, in the coordinator's memory; 409 when the attempt is no longer current
     or the job ended."""
-    async with ctx.tx(readonly=True) as s:
-        await live_metrics.report(s, _store(request), job_id, attempt, vertex, subtask_index, body)
+    await live_metrics.report(ctx, _store(request), job_id, attempt, vertex, subtask_index, body, token_attempt)
     return Response(status_code=204)
 
 

@@ -11,6 +11,7 @@ another replica, the figures come back with the subtasks' next reports.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -18,9 +19,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.domain import lifecycle
 from app.domain.checkpoints import check_subtask
-from app.domain.context import get_job_or_404, now_ms
-from app.errors import Conflict
+from app.domain.context import Context, get_job_or_404, now_ms
+from app.domain.jobs import token_refusal
+from app.errors import Conflict, Unauthorized
 from contract.models import (
+    EventType,
     JobLiveMetrics,
     SubtaskLiveMetrics,
     SubtaskMetrics,
@@ -30,6 +33,25 @@ from contract.models import (
 
 MAX_AGE_MS = 10_000
 """Metrics older than this are left out of the live view: their subtask stopped reporting."""
+
+FACTS_TTL = 1.0
+"""Seconds a replica checks reports against what it last read of their job (its attempt, status and graph) without
+reading it again: every subtask reports about once a second, so a job of 2,000 subtasks would otherwise cost 2,000
+database reads a second. A report of an attempt newer than the one read makes it read again at once; a job that
+ended or started an attempt is read again at once when its event reaches this replica (`LiveMetricsStore.heard`),
+and within this bound anyway."""
+
+
+@dataclass(frozen=True)
+class _JobFacts:
+    """What a metrics report is checked against, as read from the job's row (`check_current_attempt` and
+    `check_subtask` read these attributes)."""
+
+    id: int
+    current_attempt: int | None
+    status: str
+    graph: dict
+    read_at: float
 
 
 @dataclass
@@ -46,7 +68,34 @@ class LiveMetricsStore:
         self.max_jobs = max_jobs
         self.max_age_ms = max_age_ms
         self._jobs: OrderedDict[int, tuple[int, dict[tuple[str, int], _Entry]]] = OrderedDict()
+        self._facts: OrderedDict[int, _JobFacts] = OrderedDict()
         self._lock = threading.Lock()
+
+    def facts(self, job_id: int, attempt: int) -> _JobFacts | None:
+        """What was read of the job within `FACTS_TTL`, unless the report names a newer attempt than it did."""
+        with self._lock:
+            f = self._facts.get(job_id)
+        if f is None or time.monotonic() - f.read_at > FACTS_TTL:
+            return None
+        if f.current_attempt is None or attempt > f.current_attempt:
+            return None
+        return f
+
+    def heard(self, event) -> None:
+        """An event delivered to this replica (from any replica): a job that ended or started an attempt is read
+        again for the next report, not after `FACTS_TTL`."""
+        if getattr(event, "type", None) in (EventType.job_status, EventType.attempt_started):
+            with self._lock:
+                self._facts.pop(event.job_id, None)
+
+    def remember(self, job) -> _JobFacts:
+        f = _JobFacts(job.id, job.current_attempt, job.status, job.graph, time.monotonic())
+        with self._lock:
+            self._facts[job.id] = f
+            self._facts.move_to_end(job.id)
+            while len(self._facts) > self.max_jobs:
+                self._facts.popitem(last=False)
+        return f
 
     def record(
         self, job_id: int, attempt: int, vertex: str, index: int, report: SubtaskMetricsReport, now: int
@@ -83,16 +132,31 @@ class LiveMetricsStore:
 
 
 async def report(
-    s: AsyncSession,
+    ctx: Context,
     store: LiveMetricsStore,
     job_id: int,
     attempt: int,
     vertex: str,
     index: int,
     body: SubtaskMetricsReport,
+    token_attempt: int | None = None,
 ) -> None:
-    """Record a subtask's metrics: it must be a subtask of the job's current attempt, and the job must run."""
-    job = await get_job_or_404(s, job_id)
+    """Record a subtask's metrics: it must be a subtask of the job's current attempt, and the job must run. The job
+    is read at most once per `FACTS_TTL` (`LiveMetricsStore.facts`). `token_attempt`: the attempt of the task token
+    the report came with (None: admin, or no auth), which must be the report's."""
+    if token_attempt is not None and token_attempt != attempt:
+        raise Unauthorized(
+            f"this task token belongs to attempt {token_attempt} of job {job_id}, not attempt {attempt}: "
+            "report with the token of the attempt the subtask runs in"
+        )
+    job = store.facts(job_id, attempt)
+    if job is None:
+        async with ctx.tx(readonly=True) as s:
+            job = store.remember(await get_job_or_404(s, job_id))
+    if token_attempt is not None:
+        refusal = token_refusal(job_id, token_attempt, job.current_attempt, job.status)
+        if refusal is not None:
+            raise Unauthorized(refusal)
     lifecycle.check_current_attempt(job, attempt, "this metrics report")
     if job.status not in lifecycle.ACTIVE:
         raise Conflict(f"job {job_id} is {job.status}; its subtasks no longer report metrics")

@@ -216,3 +216,48 @@ async def test_the_live_view_walks_the_subtasks_reports_once_not_once_per_vertex
         (f"v{n}", 2, 2.0 * n) for n in range(10)
     ]
     assert len(walks) == 1
+
+
+async def test_metrics_reports_read_their_job_once_per_interval_not_once_per_report(make_api, monkeypatch):
+    """Every subtask reports about once a second: a job of 2,000 subtasks cost 2,000 reads of its row a second
+    (and as many token checks). Reports are checked against the job as read within `FACTS_TTL`; a new attempt, or
+    the job's end, is read at once when its event arrives; a task token reports only for its own attempt."""
+    from app.domain import live_metrics
+
+    monkeypatch.setattr(live_metrics, "FACTS_TTL", 3600.0)  # no report here outlives what was read
+    reads = []
+    real = live_metrics.get_job_or_404
+
+    async def counted(s, job_id, *a, **k):
+        reads.append(job_id)
+        return await real(s, job_id, *a, **k)
+
+    monkeypatch.setattr(live_metrics, "get_job_or_404", counted)
+    admin = {"Authorization": "Bearer admin-secret"}
+    async with make_api(admin_token="admin-secret") as api:
+        c = api.client
+        body = {"name": "j", "graph": {"vertices": [{"id": "a", "parallelism": 20}]}}
+        job = (await c.post("/api/v1/jobs", json=body, headers=admin)).json()["id"]
+        token = (await c.post(f"/api/v1/jobs/{job}/attempts", json={}, headers=admin)).json()["task_token"]
+        task = {"Authorization": f"Bearer {token}"}
+
+        def path(attempt, i):
+            return f"/api/v1/jobs/{job}/attempts/{attempt}/subtasks/a/{i}/metrics"
+
+        report = {"timestamp": 1, "metrics": {"records_in_per_second": 1.0}}
+        for i in range(20):
+            assert (await c.post(path(1, i), json=report, headers=task)).status_code == 204
+        assert reads == [job]
+        r = await c.post(path(2, 0), json=report, headers=task)  # not the token's attempt
+        assert r.status_code == 401 and "attempt 1" in r.json()["error"]["message"], r.text
+
+        token2 = (await c.post(f"/api/v1/jobs/{job}/attempts", json={}, headers=admin)).json()["task_token"]
+        r = await c.post(path(1, 0), json=report, headers=task)  # the old attempt's token, read again at once
+        assert r.status_code == 401 and "attempt 2" in r.json()["error"]["message"], r.text
+        for i in range(20):
+            r = await c.post(path(2, i), json=report, headers={"Authorization": f"Bearer {token2}"})
+            assert r.status_code == 204, r.text
+        assert len(reads) == 2
+        assert (await c.post(f"/api/v1/jobs/{job}/cancel", headers=admin)).status_code == 200
+        r = await c.post(path(2, 0), json=report, headers=admin)
+        assert r.status_code == 409 and "CANCELLED" in r.json()["error"]["message"], r.text
