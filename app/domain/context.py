@@ -30,6 +30,7 @@ class LiveBackpressure(Protocol):
 
 log = logging.getLogger(__name__)
 CLEANUP_DELAY = 0.05  # seconds between a commit and the deferred cleaning of what it released
+CLEANUP_WAIT = 2.0  # seconds an answer waits at most for the cleaning of what its transaction released
 
 
 def now_ms() -> int:
@@ -67,7 +68,9 @@ class Context:
     @asynccontextmanager
     async def tx(self, readonly: bool = False, defer_cleanup: bool = False) -> AsyncIterator[AsyncSession]:
         """One transaction; after it commits, publish its events, run its hooks and clean the prefixes of the
-        checkpoints it released (`defer_cleanup`: in the background, so the caller's answer does not wait)."""
+        checkpoints it released (`defer_cleanup`: in the background, so the caller's answer does not wait; otherwise
+        the caller waits at most `CLEANUP_WAIT` seconds, then the cleaning goes on in the background: a store that
+        does not answer must not hold up the answer, or the scheduler, for as long as its client retries)."""
         async with self.db.session(readonly=readonly) as s:
             yield s
             events = pending_events(s)
@@ -79,11 +82,23 @@ class Context:
             fn()
         if released:
             if defer_cleanup:
-                task = asyncio.create_task(self._clean_later(released), name="overtake-cleanup")
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                self._in_background(self._clean_later(released))
             else:
-                await self.cleaner.clean_all(released, now_ms())
+                cleaning = self._in_background(self.cleaner.clean_all(released, now_ms()))
+                await asyncio.wait({cleaning}, timeout=CLEANUP_WAIT)
+                if not cleaning.done():
+                    log.warning(
+                        "the blob store has not answered the cleaning of checkpoints %s within %g s; it goes on in "
+                        "the background (the sweep retries what fails)",
+                        released,
+                        CLEANUP_WAIT,
+                    )
+
+    def _in_background(self, work) -> asyncio.Task:
+        task = asyncio.create_task(work, name="overtake-cleanup")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
 
     async def _clean_later(self, released: list[tuple[int, int]]) -> None:
         """A deferred cleaning starts `CLEANUP_DELAY` after its commit. Started at once, its first step (a session
@@ -107,7 +122,11 @@ class Context:
 
     async def close(self) -> None:
         if self._background:
-            await asyncio.wait(set(self._background), timeout=10)
+            _, stuck = await asyncio.wait(set(self._background), timeout=10)
+            for task in stuck:  # a store that does not answer: the sweep of the next start cleans what is left
+                task.cancel()
+            if stuck:
+                await asyncio.wait(stuck, timeout=1)
         await self.bus.stop()
         await self.db.dispose()
 

@@ -1,6 +1,7 @@
 """A service that goes away and comes back, for the outage tests: a TCP proxy in front of a real server (PostgreSQL,
 Redis, the S3 server) that the test takes down (new connections refused, open ones cut, as when the server stops or
-restarts) and brings up again on the same port, without touching the server other tests share."""
+restarts), or makes hang (connections accepted, never answered, as behind a network partition), and brings up again
+on the same port, without touching the server other tests share."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ class Outage:
         self.port = _free_port()
         self._server: asyncio.base_events.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._silent = False
 
     def url(self, url: str) -> str:
         """`url` (a server's URL) pointed at this proxy instead."""
@@ -41,6 +43,14 @@ class Outage:
         return urlunsplit(parts._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host))
 
     async def up(self) -> None:
+        await self.down()
+        self._silent = False
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port, reuse_address=True)
+
+    async def hang(self) -> None:
+        """Open connections are cut; new ones are accepted and never answered."""
+        await self.down()
+        self._silent = True
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port, reuse_address=True)
 
     async def down(self) -> None:
@@ -54,6 +64,13 @@ class Outage:
         await asyncio.sleep(0)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._silent:
+            self._writers.add(writer)
+            with contextlib.suppress(OSError):
+                while await reader.read(65536):
+                    pass
+            self._writers.discard(writer)
+            return
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.upstream)
         except OSError:

@@ -4,6 +4,8 @@ the service is back the coordinator serves again by itself, and nothing answered
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.coordinator._outage import outage_proxy
@@ -36,3 +38,52 @@ async def test_an_ack_while_the_database_is_away_is_answered_503_with_retry_afte
     await pg_outage.up()
     again = await pg_api.ack(job["id"], cp, "src", 0)
     assert again.status_code == 200 and again.json()["num_acknowledged_subtasks"] == 1, again.text
+
+
+@pytest.fixture
+async def s3_outage(s3_server, s3_bucket, monkeypatch):
+    """A proxy in front of the S3 server, which s3fs and boto3 are pointed at (the bucket is made already)."""
+    import s3fs
+
+    async with outage_proxy(s3_server, 80) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{proxy.port}")
+        s3fs.S3FileSystem.clear_instance_cache()  # fsspec keeps file systems, with the endpoint they were made for
+        yield proxy
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture
+async def s3_api(tmp_path, s3_bucket, s3_outage):
+    """The coordinator on SQLite with its blob store on the S3 server, reached through `s3_outage`."""
+    async for a in _serve(_settings(tmp_path, None, blob_url=s3_bucket), "s3-sqlite"):
+        yield a
+
+
+async def test_a_cancel_while_the_blob_store_hangs_is_answered_and_the_sweep_cleans_later(s3_api, s3_outage):
+    job = await s3_api.job(max_concurrent=3)
+    cps = [(await s3_api.trigger(job["id"])).json()["id"] for _ in range(3)]
+    await s3_outage.hang()
+    r = await asyncio.wait_for(s3_api.client.post(f"/api/v1/jobs/{job['id']}/cancel"), 20)
+    assert r.status_code == 200 and r.json()["status"] == "CANCELLED", r.text
+    assert [(await s3_api.checkpoint(job["id"], cp))["status"] for cp in cps] == ["ABORTED"] * 3
+
+
+async def test_the_scheduler_expires_checkpoints_while_the_blob_store_hangs(s3_api, s3_outage):
+    first = await s3_api.job(timeout=1000)
+    second = await s3_api.job(timeout=1000)
+    cp = (await s3_api.trigger(first["id"])).json()["id"]
+    await s3_outage.hang()  # expiring `cp` releases its prefix, which the store does not answer for
+    await s3_api.wait_for(
+        lambda: _status(s3_api, first["id"], cp, "ABORTED"), timeout=15, what=f"checkpoint {cp} to expire"
+    )
+    other = (await s3_api.trigger(second["id"])).json()["id"]
+    await s3_api.wait_for(
+        lambda: _status(s3_api, second["id"], other, "ABORTED"),
+        timeout=15,
+        what="the other job's checkpoint to expire while the first one's cleaning waits for the store",
+    )
+
+
+async def _status(api, job_id: int, cp: int, status: str) -> bool:
+    return (await api.checkpoint(job_id, cp))["status"] == status
+
