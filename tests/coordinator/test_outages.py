@@ -87,3 +87,13 @@ async def test_the_scheduler_expires_checkpoints_while_the_blob_store_hangs(s3_a
 async def _status(api, job_id: int, cp: int, status: str) -> bool:
     return (await api.checkpoint(job_id, cp))["status"] == status
 
+
+async def test_a_trigger_while_the_unclaimed_blob_store_is_away_is_answered_503(tmp_path, s3_bucket, s3_outage):
+    await s3_outage.down()  # away when the coordinator starts: it claims the store before the first write target
+    async for api in _serve(_settings(tmp_path, None, blob_url=s3_bucket), "s3-sqlite"):
+        job = await api.job()
+        r = await api.trigger(job["id"])
+        assert r.status_code == 503 and r.headers.get("retry-after"), (r.status_code, r.text)
+        assert "blob store" in r.json()["error"]["message"]
+        await s3_outage.up()
+        assert (await api.trigger(job["id"])).status_code == 201
