@@ -45,7 +45,7 @@ def after_commit(session: AsyncSession, fn: Callable[[], None]) -> None:
 class Context:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.db = Database(settings.effective_database_url, settings.db_pool_size)
+        self.db = Database(settings.effective_database_url, settings.db_pool_size, settings.db_timeout)
         self.store: BlobStore = blob_store_from_url(settings.effective_blob_url, settings.data_dir)
         self.bus: EventBus = event_bus_from_url(settings.event_bus_url, settings.effective_namespace)
         # An explicit blob URL may be given to other deployments too: it is claimed before anything is written into

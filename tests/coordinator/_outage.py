@@ -47,9 +47,13 @@ class Outage:
         self._silent = False
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port, reuse_address=True)
 
-    async def hang(self) -> None:
-        """Open connections are cut; new ones are accepted and never answered."""
-        await self.down()
+    async def hang(self, cut: bool = True) -> None:
+        """New connections are accepted and never answered; open ones are cut, or (`cut` False) left open and
+        silent, as when a network partition drops their packets."""
+        if cut:
+            await self.down()
+        elif self._server is not None:
+            self._server.close()
         self._silent = True
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port, reuse_address=True)
 
@@ -81,8 +85,9 @@ class Outage:
         async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             with contextlib.suppress(OSError, asyncio.CancelledError):
                 while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
+                    if not self._silent:
+                        dst.write(data)
+                        await dst.drain()
             dst.transport.abort()
 
         await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))

@@ -23,8 +23,9 @@ async def pg_outage(pg_url):
 
 @pytest.fixture
 async def pg_api(tmp_path, pg_url, pg_outage):
-    """The coordinator on PostgreSQL, reached through `pg_outage`."""
-    async for a in _serve(_settings(tmp_path, pg_outage.url(pg_url)), "postgres"):
+    """The coordinator on PostgreSQL, reached through `pg_outage`; a statement that gets no answer within a second
+    fails, and a request runs once more after a transient failure."""
+    async for a in _serve(_settings(tmp_path, pg_outage.url(pg_url), db_timeout=1, db_retries=1), "postgres"):
         yield a
 
 
@@ -38,6 +39,27 @@ async def test_an_ack_while_the_database_is_away_is_answered_503_with_retry_afte
     await pg_outage.up()
     again = await pg_api.ack(job["id"], cp, "src", 0)
     assert again.status_code == 200 and again.json()["num_acknowledged_subtasks"] == 1, again.text
+
+
+async def test_a_request_while_the_database_does_not_answer_is_answered_503_and_served_once_it_does(
+    pg_api, pg_outage
+):
+    job = await pg_api.job()
+    await pg_outage.hang(cut=False)  # a network partition: open connections go silent, new ones are not answered
+    r = await asyncio.wait_for(pg_api.client.get(f"/api/v1/jobs/{job['id']}"), 30)
+    assert r.status_code == 503 and r.headers.get("retry-after"), (r.status_code, r.text)
+    await pg_outage.up()
+    await pg_api.wait_for(
+        lambda: _answered(pg_api, f"/api/v1/jobs/{job['id']}"), timeout=30, what="the coordinator to serve again"
+    )
+    cp = (await pg_api.trigger(job["id"])).json()["id"]
+    assert (await pg_api.ack(job["id"], cp, "src", 0)).status_code == 200
+
+
+async def _answered(api, path: str) -> bool:
+    r = await api.client.get(path)
+    assert r.status_code in (200, 503), (r.status_code, r.text)
+    return r.status_code == 200
 
 
 @pytest.fixture
