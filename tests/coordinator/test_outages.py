@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 from tests.coordinator._outage import outage_proxy
+from tests.coordinator._state import target_of, write_object, written
 from tests.coordinator.conftest import _serve, _settings
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -119,3 +120,24 @@ async def test_a_trigger_while_the_unclaimed_blob_store_is_away_is_answered_503(
         assert "blob store" in r.json()["error"]["message"]
         await s3_outage.up()
         assert (await api.trigger(job["id"])).status_code == 201
+
+
+async def test_a_restore_while_the_blob_store_hangs_is_answered_503_and_opens_no_attempt(s3_api, s3_outage, monkeypatch):
+    from app.domain import written as written_state
+
+    monkeypatch.setattr(written_state, "STAT_TIMEOUT", 2.0)  # how long a stat may go unanswered
+    job = await s3_api.job({"src": 1, "agg": 1})
+    cp = (await s3_api.trigger(job["id"])).json()["id"]
+    target = await target_of(s3_api, job["id"], cp)
+    for vertex in ("src", "agg"):
+        key = await write_object(target, f"{vertex}-0", b"op" + b"channel")
+        r = await s3_api.ack(job["id"], cp, vertex, 0, written=written(key, b"op", b"channel"))
+        assert r.status_code == 200, r.text
+    assert (await s3_api.checkpoint(job["id"], cp))["status"] == "COMPLETED"
+    await s3_outage.hang()
+    r = await asyncio.wait_for(s3_api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={}), 20)
+    assert r.status_code == 503 and r.headers.get("retry-after"), (r.status_code, r.text)
+    assert (await s3_api.client.get(f"/api/v1/jobs/{job['id']}")).json()["current_attempt"] == 1
+    await s3_outage.up()
+    r = await s3_api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={})
+    assert r.status_code == 201 and r.json()["restore_plan"]["checkpoint_id"] == cp, r.text
