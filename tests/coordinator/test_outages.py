@@ -1,5 +1,5 @@
-"""The services the coordinator stands on go away and come back (PostgreSQL here, behind a proxy the test takes
-down: connections refused, open ones cut). Requests meanwhile get a 503 with Retry-After, never a 500 or a hang; once
+"""The services the coordinator stands on go away and come back (PostgreSQL, Redis and the S3 server, each behind a
+proxy the test takes down: connections refused, open ones cut, or left unanswered). Requests meanwhile get a 503 with Retry-After, never a 500 or a hang; once
 the service is back the coordinator serves again by itself, and nothing answered 200 is lost or counted twice."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from tests.coordinator._outage import outage_proxy
 from tests.coordinator._state import target_of, write_object, written
 from tests.coordinator.conftest import _serve, _settings
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
@@ -30,6 +30,7 @@ async def pg_api(tmp_path, pg_url, pg_outage):
         yield a
 
 
+@pytest.mark.postgres
 async def test_an_ack_while_the_database_is_away_is_answered_503_with_retry_after(pg_api, pg_outage):
     job = await pg_api.job()
     cp = (await pg_api.trigger(job["id"])).json()["id"]
@@ -42,6 +43,7 @@ async def test_an_ack_while_the_database_is_away_is_answered_503_with_retry_afte
     assert again.status_code == 200 and again.json()["num_acknowledged_subtasks"] == 1, again.text
 
 
+@pytest.mark.postgres
 async def test_a_request_while_the_database_does_not_answer_is_answered_503_and_served_once_it_does(
     pg_api, pg_outage
 ):
@@ -141,3 +143,34 @@ async def test_a_restore_while_the_blob_store_hangs_is_answered_503_and_opens_no
     await s3_outage.up()
     r = await s3_api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={})
     assert r.status_code == 201 and r.json()["restore_plan"]["checkpoint_id"] == cp, r.text
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+async def test_events_reach_the_other_replica_again_once_redis_is_back(tmp_path, pg_url, redis_url):
+    async with outage_proxy(redis_url, 6379) as redis:
+        replicas = [
+            _serve(_settings(tmp_path / name, pg_url, redis_url=redis.url(redis_url)), name) for name in ("a", "b")
+        ]
+        a, b = [await r.__anext__() for r in replicas]
+        try:
+            job = await a.job(max_concurrent=100)
+            heard = b.ctx.bus.subscribe(job["id"])
+            await redis.down()
+            assert (await a.client.get("/readyz")).json()["checks"]["event_bus"].startswith("unavailable")
+            assert (await a.trigger(job["id"])).status_code == 201  # published nowhere: b finds it in the log
+            await redis.up()
+            # b's listener subscribes again on its own; what is published before it has is found in the log only
+            for _ in range(30):
+                cp = (await a.trigger(job["id"])).json()["id"]
+                try:
+                    while True:
+                        e = await asyncio.wait_for(heard.get(), 1)
+                        if e.type.value == "checkpoint.triggered" and e.data["checkpoint_id"] == cp:
+                            return
+                except asyncio.TimeoutError:
+                    continue
+            raise AssertionError("replica b heard none of replica a's triggers after redis came back")
+        finally:
+            for r in replicas:
+                await r.aclose()
