@@ -174,3 +174,31 @@ async def test_events_reach_the_other_replica_again_once_redis_is_back(tmp_path,
         finally:
             for r in replicas:
                 await r.aclose()
+
+
+@pytest.mark.postgres
+async def test_a_batch_of_acks_while_the_database_is_away_is_tried_as_one_and_answered_503(
+    pg_api, pg_outage, monkeypatch
+):
+    job = await pg_api.job({"src": 8, "agg": 8})
+    cp = (await pg_api.trigger(job["id"])).json()["id"]
+    committer, transactions = pg_api.app.state.committer, 0
+    apply = committer._apply
+
+    async def counted(s, batch):
+        nonlocal transactions
+        transactions += 1
+        return await apply(s, batch)
+
+    monkeypatch.setattr(committer, "_apply", counted)
+    acks = [{"attempt": 1, "vertex": v, "subtask_index": i} for v in ("src", "agg") for i in range(8)]
+    await pg_outage.down()
+    r = await pg_api.client.post(f"/api/v1/jobs/{job['id']}/checkpoints/{cp}/acks/batch", json={"acks": acks})
+    assert r.status_code == 200 and {item["status_code"] for item in r.json()["items"]} == {503}, r.text
+    # the batch's transaction was run again as often as a request's is, not once more for every ack in it
+    assert transactions == pg_api.app.state.settings.db_retries + 1
+    await pg_outage.up()
+    monkeypatch.undo()
+    r = await pg_api.client.post(f"/api/v1/jobs/{job['id']}/checkpoints/{cp}/acks/batch", json={"acks": acks})
+    assert [item["status_code"] for item in r.json()["items"]] == [200] * 16
+    assert (await pg_api.checkpoint(job["id"], cp))["status"] == "COMPLETED"
