@@ -42,6 +42,7 @@ class Scheduler(BackgroundWorker):
         self._sooner = FAR  # the earliest deadline a trigger event brought since the last pass began
         self._rearm = asyncio.Event()
         self._next_sweep = 0.0
+        self._sweeping: asyncio.Task | None = None
         self.passes = 0
         """Passes run so far (for tests)."""
         ctx.bus.add_listener(self._heard)
@@ -102,12 +103,26 @@ class Scheduler(BackgroundWorker):
         self.passes += 1
         now = now_ms()
         next_due = min(await self._expire_and_switch(now), await self._periodic_triggers(now))
-        if time.monotonic() >= self._next_sweep:
+        if time.monotonic() >= self._next_sweep and (self._sweeping is None or self._sweeping.done()):
             self._next_sweep = time.monotonic() + 10
+            # in a task of its own: the sweep waits for the blob store, which may be slow or away, and the passes
+            # (timeouts, triggers) must go on meanwhile; one sweep at a time
+            self._sweeping = asyncio.create_task(self._sweep(), name="overtake-sweep")
+        return next_due
+
+    async def _sweep(self) -> None:
+        try:
             await self.ctx.sweep_state()
             await self._trim_events()
             await history.trim(self.ctx, self.ctx.settings.checkpoint_history)
-        return next_due
+        except Exception:  # noqa: BLE001 - the next sweep tries again
+            log.exception("scheduler sweep failed")
+
+    async def stop(self) -> None:
+        if self._sweeping is not None:
+            self._sweeping.cancel()
+            await asyncio.wait({self._sweeping}, timeout=5)
+        await super().stop()
 
     async def _expire_and_switch(self, now: int) -> int:
         async with self.ctx.tx(readonly=True) as s:
@@ -136,7 +151,9 @@ class Scheduler(BackgroundWorker):
         return min((t for t in upcoming if t is not None), default=FAR)
 
     async def _expire_or_switch(self, job_id: int, cp_id: int, now: int) -> None:
-        async with self.ctx.tx() as s:
+        # the expired checkpoint's prefix is cleaned in the background: a store that does not answer must not hold
+        # up the pass (other jobs' timeouts and triggers)
+        async with self.ctx.tx(defer_cleanup=True) as s:
             job = await lock_job(s, job_id, skip_locked=True)
             if job is None:
                 return  # another replica (or an ack batch) holds it; next pass

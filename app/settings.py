@@ -68,6 +68,14 @@ class Settings(BaseSettings):
         description="How often a request whose transaction failed transiently (deadlock, serialization failure, "
         "lost connection) runs again before it is answered 503 with Retry-After.",
     )
+    db_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="Seconds a connection to PostgreSQL, or one statement, may take before it counts as a transient "
+        "failure (a database that does not answer, behind a network partition, would otherwise hold its requests, "
+        "the ack committer and the scheduler for as long as TCP keeps the connection).",
+    )
     scheduler_tick: float = Field(default=0.05, description="Seconds between scheduler passes.")
     scheduler_enabled: bool = True
     ack_batch_max: int = Field(

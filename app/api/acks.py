@@ -38,16 +38,18 @@ BROWSER_HEADERS = (b"origin", b"sec-fetch-site")
 ACK_PATH = re.compile(r"^/api/v1/jobs/([0-9]{1,20})/checkpoints/([0-9]{1,20})/acks(/batch)?$")
 
 
-def _error(exc: DomainError) -> tuple[int, bytes]:
-    return exc.status_code, error_json(exc)
+def _error(exc: DomainError) -> tuple[int, bytes, dict[str, str]]:
+    """The error's answer, with its headers (a 503's Retry-After)."""
+    return exc.status_code, error_json(exc), exc.headers
 
 
-def _invalid(exc: ValidationError) -> tuple[int, bytes]:
+def _invalid(exc: ValidationError) -> tuple[int, bytes, dict[str, str]]:
     return _error(invalid_from(exc.errors(), ("body",)))
 
 
 async def handle_ack(state: Any, job_id: int, checkpoint_id: int, body: bytes, authorization: str | None):
-    """One subtask's ack: answered only after it is committed (group commit). Returns (status, JSON bytes)."""
+    """One subtask's ack: answered only after it is committed (group commit). Returns (status, JSON bytes,
+    headers)."""
     try:
         token_attempt = await state.auth.require_job_header(authorization, job_id)
         ack = SubtaskAck.model_validate_json(body)
@@ -64,11 +66,11 @@ async def handle_ack(state: Any, job_id: int, checkpoint_id: int, body: bytes, a
         return _error(exc)
     if isinstance(result, DomainError):
         return _error(result)
-    return 200, result.model_dump_json().encode()
+    return 200, result.model_dump_json().encode(), {}
 
 
 async def handle_ack_batch(state: Any, job_id: int, checkpoint_id: int, body: bytes, authorization: str | None):
-    """Several subtasks' acks in one request; each item has its own status. Returns (status, JSON bytes)."""
+    """Several subtasks' acks in one request; each item has its own status. Returns (status, JSON bytes, headers)."""
     try:
         token_attempt = await state.auth.require_job_header(authorization, job_id)
         batch = AckBatch.model_validate_json(body)
@@ -96,7 +98,7 @@ async def handle_ack_batch(state: Any, job_id: int, checkpoint_id: int, body: by
                     vertex=a.vertex, subtask_index=a.subtask_index, ok=True, status_code=200, result=r, error=None
                 )
             )
-    return 200, AckBatchResult.model_construct(items=items).model_dump_json().encode()
+    return 200, AckBatchResult.model_construct(items=items).model_dump_json().encode(), {}
 
 
 async def _submit_written(state: Any, job_id: int, checkpoint_id: int, acks: list[SubtaskAck], token_attempt):
@@ -159,10 +161,10 @@ class AckFastPath:
             return await _respond(send, *_error(invalid))
         handler = handle_ack_batch if match.group(3) else handle_ack
         try:
-            status, payload = await handler(scope["app"].state, job_id, checkpoint_id, b"".join(chunks), authorization)
+            answer = await handler(scope["app"].state, job_id, checkpoint_id, b"".join(chunks), authorization)
         except TransientDatabaseError as exc:
             return await respond(send, exc.unavailable())
-        await _respond(send, status, payload)
+        await _respond(send, *answer)
 
 
 def _path_problems(job_id: int, checkpoint_id: int) -> DomainError | None:
@@ -174,8 +176,9 @@ def _path_problems(job_id: int, checkpoint_id: int) -> DomainError | None:
     return invalid_from(errors) if errors else None
 
 
-async def _respond(send, status: int, payload: bytes) -> None:
+async def _respond(send, status: int, payload: bytes, extra: dict[str, str] | None = None) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in (extra or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
 
@@ -193,10 +196,10 @@ async def ack(job_id: JobId, checkpoint_id: CheckpointId, request: Request) -> R
     State the subtask wrote into the blob store itself (`written`, through the checkpoint's write target) counts
     only under this checkpoint's prefix of this job (403 for another job's, 422 for another checkpoint's) and only
     once a stat found the object with the stated size (422 naming it otherwise); nothing is recorded then."""
-    status, payload = await handle_ack(
+    status, payload, headers = await handle_ack(
         request.app.state, job_id, checkpoint_id, await request.body(), request.headers.get("authorization")
     )
-    return Response(payload, status_code=status, media_type="application/json")
+    return Response(payload, status_code=status, headers=headers, media_type="application/json")
 
 
 @router.post(
@@ -204,10 +207,10 @@ async def ack(job_id: JobId, checkpoint_id: CheckpointId, request: Request) -> R
 )
 async def ack_batch(job_id: JobId, checkpoint_id: CheckpointId, request: Request) -> Response:
     """Several subtasks' acks in one request (a Spark task hosting a chain); each item has its own status."""
-    status, payload = await handle_ack_batch(
+    status, payload, headers = await handle_ack_batch(
         request.app.state, job_id, checkpoint_id, await request.body(), request.headers.get("authorization")
     )
-    return Response(payload, status_code=status, media_type="application/json")
+    return Response(payload, status_code=status, headers=headers, media_type="application/json")
 
 
 REPORT_PARTS = ("ack", "operator_state", "channel_state")

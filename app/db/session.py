@@ -58,7 +58,7 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
-def _sqlite_engine(url: str, pool_size: int = 10) -> AsyncEngine:
+def _sqlite_engine(url: str, pool_size: int = 10, timeout: float = 10.0) -> AsyncEngine:
     """SQLite in WAL mode with IMMEDIATE write transactions (one writer at a time, no mid-transaction upgrades)."""
     if True:
         path = url.split(":///", 1)[1] if ":///" in url else ""
@@ -89,8 +89,16 @@ def _sqlite_engine(url: str, pool_size: int = 10) -> AsyncEngine:
         return engine
 
 
-def _postgres_engine(url: str, pool_size: int = 10) -> AsyncEngine:
-    return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size)
+def _postgres_engine(url: str, pool_size: int = 10, timeout: float = 10.0) -> AsyncEngine:
+    """`timeout` bounds a connection's opening, every statement and the wait for a pooled connection: a server that
+    does not answer (a network partition: no reset, no refusal) is then a transient failure, not a hang."""
+    return create_async_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_timeout=timeout,
+        connect_args={"timeout": timeout, "command_timeout": timeout},
+    )
 
 
 DATABASES: SchemeRegistry[AsyncEngine] = SchemeRegistry(
@@ -100,17 +108,17 @@ DATABASES.register("sqlite+aiosqlite", _sqlite_engine)
 DATABASES.register("postgresql+asyncpg", _postgres_engine)
 
 
-def make_engine(url: str, pool_size: int = 10) -> AsyncEngine:
+def make_engine(url: str, pool_size: int = 10, timeout: float = 10.0) -> AsyncEngine:
     """An engine for the URL's dialect, from the table of known database schemes."""
-    return DATABASES.create(url, pool_size=pool_size)
+    return DATABASES.create(url, pool_size=pool_size, timeout=timeout)
 
 
 class Database:
     """Owns the engine and hands out transactional sessions."""
 
-    def __init__(self, url: str, pool_size: int = 10) -> None:
+    def __init__(self, url: str, pool_size: int = 10, timeout: float = 10.0) -> None:
         self.url = url
-        self.engine = make_engine(url, pool_size)
+        self.engine = make_engine(url, pool_size, timeout)
         self.is_sqlite = url.startswith("sqlite")
         self._writer = async_sessionmaker(self.engine, expire_on_commit=False)
         self._reader = async_sessionmaker(

@@ -207,12 +207,18 @@ class AckCommitter(BackgroundWorker):
             await self._apply_retrying(batch)
             ACK_COMMIT_SECONDS.observe(time.perf_counter() - began)
         except Exception as exc:
+            if isinstance(exc, TransientDatabaseError):
+                # the database, not an item, failed (and was tried again already): every ack is answered 503 now;
+                # one by one, each would meet the outage again, holding up the acks that queue behind the batch
+                unavailable = exc.unavailable()
+                for it in batch:
+                    if not it.future.done():
+                        it.future.set_result(unavailable)
+                return
             if len(batch) == 1:
                 it = batch[0]
                 if not it.future.done():
-                    if isinstance(exc, TransientDatabaseError):
-                        it.future.set_result(exc.unavailable())
-                    elif isinstance(exc, DomainError):
+                    if isinstance(exc, DomainError):
                         it.future.set_result(exc)
                     else:
                         it.future.set_exception(exc)

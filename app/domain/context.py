@@ -17,7 +17,7 @@ from app.blobstore import BlobStore, blob_store_from_url, checkpoint_prefix
 from app.db.models import JobRow
 from app.db.session import Database
 from app.domain.cleanup import Cleaner, pending_cleanups
-from app.errors import NotFound
+from app.errors import DomainError, NotFound, Unavailable
 from app.events import EventBus, event_bus_from_url, pending_events
 from app.settings import Settings
 from contract.models import WriteTarget
@@ -30,6 +30,7 @@ class LiveBackpressure(Protocol):
 
 log = logging.getLogger(__name__)
 CLEANUP_DELAY = 0.05  # seconds between a commit and the deferred cleaning of what it released
+CLEANUP_WAIT = 2.0  # seconds an answer waits at most for the cleaning of what its transaction released
 
 
 def now_ms() -> int:
@@ -44,7 +45,7 @@ def after_commit(session: AsyncSession, fn: Callable[[], None]) -> None:
 class Context:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.db = Database(settings.effective_database_url, settings.db_pool_size)
+        self.db = Database(settings.effective_database_url, settings.db_pool_size, settings.db_timeout)
         self.store: BlobStore = blob_store_from_url(settings.effective_blob_url, settings.data_dir)
         self.bus: EventBus = event_bus_from_url(settings.event_bus_url, settings.effective_namespace)
         # An explicit blob URL may be given to other deployments too: it is claimed before anything is written into
@@ -67,7 +68,9 @@ class Context:
     @asynccontextmanager
     async def tx(self, readonly: bool = False, defer_cleanup: bool = False) -> AsyncIterator[AsyncSession]:
         """One transaction; after it commits, publish its events, run its hooks and clean the prefixes of the
-        checkpoints it released (`defer_cleanup`: in the background, so the caller's answer does not wait)."""
+        checkpoints it released (`defer_cleanup`: in the background, so the caller's answer does not wait; otherwise
+        the caller waits at most `CLEANUP_WAIT` seconds, then the cleaning goes on in the background: a store that
+        does not answer must not hold up the answer, or the scheduler, for as long as its client retries)."""
         async with self.db.session(readonly=readonly) as s:
             yield s
             events = pending_events(s)
@@ -79,11 +82,23 @@ class Context:
             fn()
         if released:
             if defer_cleanup:
-                task = asyncio.create_task(self._clean_later(released), name="overtake-cleanup")
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                self._in_background(self._clean_later(released))
             else:
-                await self.cleaner.clean_all(released, now_ms())
+                cleaning = self._in_background(self.cleaner.clean_all(released, now_ms()))
+                await asyncio.wait({cleaning}, timeout=CLEANUP_WAIT)
+                if not cleaning.done():
+                    log.warning(
+                        "the blob store has not answered the cleaning of checkpoints %s within %g s; it goes on in "
+                        "the background (the sweep retries what fails)",
+                        released,
+                        CLEANUP_WAIT,
+                    )
+
+    def _in_background(self, work) -> asyncio.Task:
+        task = asyncio.create_task(work, name="overtake-cleanup")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
 
     async def _clean_later(self, released: list[tuple[int, int]]) -> None:
         """A deferred cleaning starts `CLEANUP_DELAY` after its commit. Started at once, its first step (a session
@@ -97,7 +112,15 @@ class Context:
         when they upload it through the coordinator (OVERTAKE_STATE_WRITES=coordinator, or a store without)."""
         if not self.direct_writes:
             return None
-        await self.cleaner.ensure_claimed()  # no subtask writes into a store another deployment holds
+        try:
+            await self.cleaner.ensure_claimed()  # no subtask writes into a store another deployment holds
+        except DomainError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the store did not answer: nothing is triggered, the caller retries
+            raise Unavailable(
+                f"the blob store {self.store.url} could not be reached to check which deployment holds it "
+                f"({exc!r}); nothing was triggered, retry"
+            ) from exc
         prefix = checkpoint_prefix(job_id, checkpoint_id)
         return await self.store.write_target(prefix, timeout_at, self.settings.max_blob_size)
 
@@ -107,7 +130,11 @@ class Context:
 
     async def close(self) -> None:
         if self._background:
-            await asyncio.wait(set(self._background), timeout=10)
+            _, stuck = await asyncio.wait(set(self._background), timeout=10)
+            for task in stuck:  # a store that does not answer: the sweep of the next start cleans what is left
+                task.cancel()
+            if stuck:
+                await asyncio.wait(stuck, timeout=1)
         await self.bus.stop()
         await self.db.dispose()
 

@@ -32,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.blobstore import store_answers
 from app.db.models import AckRow, BlobRow, CheckpointRow, JobRow
+from app.domain import written
 from app.domain.blobs import object_of
 from app.domain.context import Context, now_ms
 from app.domain.lifecycle import COMPLETED
@@ -111,8 +112,12 @@ async def _verify_sizes(ctx: Context, used: list[tuple[str, BlobRow]]) -> str | 
     gate = asyncio.Semaphore(STAT_CONCURRENCY)
 
     async def size(key: str) -> int | None:
-        async with gate, store_answers(f"whether object {key} is there (no restore plan was made)"):
-            return await ctx.store.size(key)
+        # bounded as an ack's stat is: a store that does not answer must not hold the job's row lock (and the
+        # request) for as long as its client retries
+        async with gate, store_answers(
+            f"whether object {key} is there within {written.STAT_TIMEOUT:g} s (no restore plan was made)"
+        ):
+            return await asyncio.wait_for(ctx.store.size(key), written.STAT_TIMEOUT)
 
     keys = list(ends)
     sizes = await asyncio.gather(*(size(k) for k in keys))
