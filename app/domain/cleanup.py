@@ -29,6 +29,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from app.blobstore import BlobStore, blob_key, checkpoint_prefix, claim
 from app.db.models import AckRow, BlobRow, ChannelStateRefRow, CheckpointRow
 from app.db.session import Database
+from app.errors import DomainError, Unavailable
 from app.observability import BLOBS_DELETED
 
 log = logging.getLogger(__name__)
@@ -185,11 +186,21 @@ class Cleaner:
         self._claimed = owner is None
 
     async def ensure_claimed(self) -> None:
-        """Claim the store for `owner` once; raises `StoreTaken` (or the store's error) and deletes nothing until
-        then."""
-        if not self._claimed:
+        """Claim the store for `owner` once; until then nothing is written into it or deleted from it. Raises
+        `StoreTaken` (another deployment holds it), or `Unavailable` when the store does not answer (503: the
+        caller changed nothing and may retry)."""
+        if self._claimed:
+            return
+        try:
             await claim(self.store, self.owner)
-            self._claimed = True
+        except DomainError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the store did not answer: nothing was changed, the caller retries
+            raise Unavailable(
+                f"the blob store {self.store.url} did not answer when asked which deployment holds it ({exc!r}); "
+                "nothing was changed, retry"
+            ) from exc
+        self._claimed = True
 
     async def clean(self, job_id: int, cp_id: int, now: int) -> None:
         async with self.db.session(readonly=True) as s:

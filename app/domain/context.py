@@ -17,7 +17,7 @@ from app.blobstore import BlobStore, blob_store_from_url, checkpoint_prefix
 from app.db.models import JobRow
 from app.db.session import Database
 from app.domain.cleanup import Cleaner, pending_cleanups
-from app.errors import DomainError, NotFound, Unavailable
+from app.errors import NotFound
 from app.events import EventBus, event_bus_from_url, pending_events
 from app.settings import Settings
 from contract.models import WriteTarget
@@ -112,15 +112,7 @@ class Context:
         when they upload it through the coordinator (OVERTAKE_STATE_WRITES=coordinator, or a store without)."""
         if not self.direct_writes:
             return None
-        try:
-            await self.cleaner.ensure_claimed()  # no subtask writes into a store another deployment holds
-        except DomainError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the store did not answer: nothing is triggered, the caller retries
-            raise Unavailable(
-                f"the blob store {self.store.url} could not be reached to check which deployment holds it "
-                f"({exc!r}); nothing was triggered, retry"
-            ) from exc
+        await self.cleaner.ensure_claimed()  # no subtask writes into a store another deployment holds
         prefix = checkpoint_prefix(job_id, checkpoint_id)
         return await self.store.write_target(prefix, timeout_at, self.settings.max_blob_size)
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from sqlalchemy import func, select
 
-from app.blobstore import FileBlobStore, S3BlobStore, checkpoint_prefix
+from app.blobstore import MARKER, FileBlobStore, S3BlobStore, checkpoint_prefix
 from app.db.models import AckRow, BlobRow, CheckpointRow
 from app.errors import Invalid
 from app.settings import Settings
@@ -499,11 +499,12 @@ async def test_a_completed_checkpoints_unacked_objects_are_collected_and_its_ack
 
 
 def _objects_in_bucket(store: S3BlobStore) -> set[str]:
-    """Every object in the store's bucket, as S3 lists them (s3fs's listing leaves out keys ending in '/')."""
+    """Every object in the store's bucket, as S3 lists them (s3fs's listing leaves out keys ending in '/'), but the
+    marker by which the deployment claimed the store."""
     import boto3
 
     pages = boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=store.bucket)
-    return {o["Key"] for page in pages for o in page.get("Contents", [])}
+    return {o["Key"] for page in pages for o in page.get("Contents", []) if not o["Key"].endswith(MARKER)}
 
 
 @pytest.mark.parametrize("name", ["", "name/"], ids=["the-prefix-itself", "ending-in-a-slash"])
