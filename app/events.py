@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
@@ -144,6 +145,13 @@ class MemoryBus:
         return None
 
 
+PUBLISH_TIMEOUT = 1.0
+"""Seconds a commit's events may take to reach Redis before they are left to the log."""
+QUIET_AFTER_FAILURE = 5.0
+"""Seconds after a failed publish during which events are not sent to Redis (a partition costs one wait, not one per
+request)."""
+
+
 class RedisBus(MemoryBus):
     """Publishes on a Redis channel; every replica's listener delivers to its local subscribers."""
 
@@ -155,6 +163,7 @@ class RedisBus(MemoryBus):
         self.channel = redis_channel(namespace)
         self._redis = aioredis.from_url(url, socket_connect_timeout=5, health_check_interval=15)
         self._task: asyncio.Task[None] | None = None
+        self._quiet_until = 0.0  # monotonic: after a failed publish, Redis is left alone until then
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._listen(), name="overtake-redis-listener")
@@ -187,18 +196,31 @@ class RedisBus(MemoryBus):
                 await asyncio.sleep(0.5)
 
     async def publish(self, events: list[Event]) -> None:
+        """Publish a commit's events (they are in the log already). Bounded by `PUBLISH_TIMEOUT`: a Redis that does
+        not answer (a partition: no refusal, no reset) would hold every request that emits events, the ack
+        committer's batches among them. After a failure, events go to this replica's streams only for
+        `QUIET_AFTER_FAILURE` seconds (the other replicas' streams read them from the log), then Redis is tried
+        again."""
         events = [self.stamp(e) for e in events]
-        try:
-            for e in events:
-                await self._redis.publish(self.channel, e.model_dump_json())
-        except Exception as exc:  # noqa: BLE001 - readers fall back to the log
-            log.warning(
-                "could not publish %d events to redis (%s); readers will find them in the log",
-                len(events),
-                exc,
-            )
-            for e in events:
-                self.deliver(e)
+        if time.monotonic() >= self._quiet_until:
+            try:
+                await asyncio.wait_for(self._send(events), PUBLISH_TIMEOUT)
+                return
+            except Exception as exc:  # noqa: BLE001 - readers fall back to the log
+                self._quiet_until = time.monotonic() + QUIET_AFTER_FAILURE
+                log.warning(
+                    "could not publish %d events to redis (%r); readers will find them in the log, and for the next "
+                    "%g s events reach only this replica's streams directly",
+                    len(events),
+                    exc,
+                    QUIET_AFTER_FAILURE,
+                )
+        for e in events:
+            self.deliver(e)
+
+    async def _send(self, events: list[Event]) -> None:
+        for e in events:
+            await self._redis.publish(self.channel, e.model_dump_json())
 
     async def ping(self) -> None:
         await self._redis.ping()
