@@ -179,8 +179,8 @@ class RedisBus(MemoryBus):
 
     async def _listen(self) -> None:
         while True:
+            pubsub = self._redis.pubsub()
             try:
-                pubsub = self._redis.pubsub()
                 await pubsub.subscribe(self.channel)
                 async for msg in pubsub.listen():
                     if msg.get("type") != "message":
@@ -194,6 +194,12 @@ class RedisBus(MemoryBus):
             except Exception as exc:  # noqa: BLE001
                 log.warning("redis event listener lost its connection (%s); reconnecting", exc)
                 await asyncio.sleep(0.5)
+            finally:
+                # the lost subscription's connection goes back (a reconnect opened a new one and kept the old)
+                try:
+                    await asyncio.wait_for(pubsub.aclose(), PUBLISH_TIMEOUT)
+                except Exception:  # noqa: BLE001 - it is gone already
+                    pass
 
     async def publish(self, events: list[Event]) -> None:
         """Publish a commit's events (they are in the log already). Bounded by `PUBLISH_TIMEOUT`: a Redis that does

@@ -44,3 +44,35 @@ async def test_a_redis_that_never_answers_holds_a_publish_for_its_bound_once_and
         bus.unsubscribe(1, queue)
         await bus._redis.aclose()
         server.close()
+
+
+async def test_the_redis_listener_closes_a_lost_subscription_before_it_subscribes_again(monkeypatch):
+    """Each reconnect opened a subscription and kept the lost one's connection: one leaked per Redis outage."""
+    made = []
+
+    class Subscription:
+        def __init__(self) -> None:
+            self.closed = False
+            made.append(self)
+
+        async def subscribe(self, channel: str) -> None:
+            if len(made) == 1:
+                raise ConnectionError("the connection to Redis was lost")
+            await asyncio.Event().wait()  # the second one listens until the bus stops
+
+        async def aclose(self) -> None:
+            self.closed = True
+
+    bus = RedisBus("redis://127.0.0.1:1/0", "mine")  # never connected: the subscriptions are the ones above
+    monkeypatch.setattr(bus._redis, "pubsub", Subscription)
+    await bus.start()
+    try:
+        async def resubscribed() -> None:
+            while len(made) < 2:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(resubscribed(), 30)
+        assert made[0].closed and not made[1].closed
+    finally:
+        await bus.stop()
+    assert made[1].closed
