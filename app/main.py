@@ -7,18 +7,17 @@ import logging
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 
 from app import __doc__ as APP_DOC
 from app.api import acks, checkpoints, jobs, live, ops, subtasks, ui
+from app.api.ack_fastpath import AckFastPath
+from app.api.error_handlers import install_error_handlers
 from app.api.guards import CrossOriginGuard, RequestGuard
 from app.auth import Auth
 from app.blobstore import StoreTaken
@@ -26,7 +25,6 @@ from app.db.migrate import upgrade
 from app.domain.acks import AckCommitter
 from app.domain.context import Context
 from app.domain.live_metrics import LiveMetricsStore
-from app.errors import DomainError, Internal, error_payload, invalid_from
 from app.observability import setup_logging
 from app.scheduler import Scheduler
 from app.settings import Settings
@@ -35,12 +33,6 @@ log = logging.getLogger("overtake")
 CLAIM_TIMEOUT = 15.0  # seconds the start waits for the blob store to say who holds it
 UI_DIST = Path(__file__).parent / "ui" / "dist"
 VERSION = "0.1.0"
-
-
-def _error(exc: DomainError) -> JSONResponse:
-    return JSONResponse(
-        error_payload(exc.code, exc.message, exc.details), status_code=exc.status_code, headers=exc.headers or None
-    )
 
 
 ROUTERS = (jobs.router, checkpoints.router, acks.router, subtasks.router, live.router, ops.router, ui.router)
@@ -106,36 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.live_metrics = ctx.live = LiveMetricsStore()
     ctx.bus.add_listener(ctx.live.heard)
 
-    @app.exception_handler(DomainError)
-    async def _domain(_: Request, exc: DomainError) -> JSONResponse:
-        return _error(exc)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(invalid_from(list(exc.errors())))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        codes = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized", 403: "forbidden"}
-        message = exc.detail if isinstance(exc.detail, str) else "request refused"
-        if exc.status_code == 404 and message == "Not Found":
-            message = "no such route; the API is under /api/v1 (see /docs)"
-        refused = DomainError(message)
-        refused.status_code, refused.code = exc.status_code, codes.get(exc.status_code, "http_error")
-        refused.headers = dict(exc.headers or {})  # e.g. Allow on a 405
-        return _error(refused)
-
-    @app.exception_handler(ClientDisconnect)
-    async def _gone(request: Request, _: ClientDisconnect) -> JSONResponse:
-        # a subtask that died (or gave up) while it sent a body: nothing was stored, and nobody reads the answer
-        log.info("%s %s: the client closed the connection before its body arrived whole", request.method,
-                 request.url.path)
-        return _error(DomainError("the client closed the connection before its body arrived whole; nothing was stored"))
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error")
-        return _error(Internal(f"internal error ({type(exc).__name__}); see the coordinator's log"))
+    install_error_handlers(app)
 
     for router in ROUTERS:
         app.include_router(router)
@@ -154,7 +117,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         allow_headers=["Authorization", "Content-Type", "Last-Event-ID", "X-Overtake-Client", "X-Overtake-Sha256"],
         expose_headers=["Retry-After", "Content-Range", "X-Overtake-Sha256"],
     )
-    app.add_middleware(acks.AckFastPath, max_body=settings.max_request_body, body_timeout=settings.body_timeout)  # the hot path, before the others
+    app.add_middleware(AckFastPath, max_body=settings.max_request_body, body_timeout=settings.body_timeout)  # the hot path, before the others
 
     _document_errors(app)
 

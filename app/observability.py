@@ -51,6 +51,16 @@ QUIET = {"alembic": logging.WARNING, "httpx": logging.WARNING}
 they speak at DEBUG."""
 
 
+def json_formatter() -> logging.Formatter:
+    """The JSON log line: time, level, logger, message and the record's extra fields, except uvicorn's
+    ``color_message`` (the message again with ANSI colour escapes, which a JSON log must not carry)."""
+    from pythonjsonlogger.core import RESERVED_ATTRS
+    from pythonjsonlogger.json import JsonFormatter
+
+    return JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s",
+                         reserved_attrs=[*RESERVED_ATTRS, "color_message"])
+
+
 def setup_logging(level: str = "INFO", log_format: str | bool = "json") -> None:
     """One handler on the root logger, in one format (``json`` or ``text``), for the coordinator's loggers and
     uvicorn's (``overtake serve`` hands uvicorn's loggers to the root). ``True``/``False`` mean json/text."""
@@ -64,9 +74,7 @@ def setup_logging(level: str = "INFO", log_format: str | bool = "json") -> None:
         return
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
-        from pythonjsonlogger.json import JsonFormatter
-
-        handler.setFormatter(JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        handler.setFormatter(json_formatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     root.addHandler(handler)

@@ -6,7 +6,11 @@ Jobs are isolated: an action that fails on one job is logged, counted (`overtake
 shown on that job (`scheduler_error`), and the pass goes on with the other jobs.
 
 It does not poll the database every tick: each pass computes when the next thing falls due and sleeps
-until then (at most `max_idle` seconds), or until an event (from this or another replica) wakes it."""
+until then (at most `max_idle` seconds), or until an event (from this or another replica) wakes it. A deadline in
+the future is kept to the millisecond (a 10 ms interval is honoured); `tick` only spaces passes that an event woke
+(a burst of events settles into one pass) or whose deadline had already passed (nothing spins on a deadline it could
+not act on). A checkpoint's completion or abort runs a pass at once: the next periodic trigger may be due already,
+held back only by the checkpoint that just ended."""
 
 from __future__ import annotations
 
@@ -25,10 +29,13 @@ from app.errors import DomainError
 from app.events import emit, trim_log
 from app.observability import SCHEDULER_FAILURES
 from contract.events import SwitchToUnaligned
-from contract.models import EventType
+from contract.models import CheckpointConfig, EventType
 
 log = logging.getLogger(__name__)
 FAR = 2**62
+_FLOOR = 0.001
+"""The shortest sleep between two passes (s), when the next deadline is still ahead."""
+_ENDED = (EventType.checkpoint_completed, EventType.checkpoint_aborted)  # compared with ==: a str-valued enum hashes by its name
 
 
 class Scheduler(BackgroundWorker):
@@ -41,6 +48,8 @@ class Scheduler(BackgroundWorker):
         self._wake = asyncio.Event()
         self._sooner = FAR  # the earliest deadline a trigger event brought since the last pass began
         self._rearm = asyncio.Event()
+        self._ended = False  # a checkpoint completed or aborted since the last pass began: pass at once
+        self._pass_began = 0  # when the last pass began (ms since the epoch)
         self._next_sweep = 0.0
         self._sweeping: asyncio.Task | None = None
         self.passes = 0
@@ -51,7 +60,12 @@ class Scheduler(BackgroundWorker):
         """An event from this or another replica. A checkpoint's trigger says when that checkpoint can next need
         the scheduler (its alignment timeout's switch, its timeout): the scheduler sleeps until then at most, and
         runs no pass for it now. A pass right after every trigger would read the database while the checkpoint's
-        subtasks ack it, the busiest moment of a fast checkpoint. Any other event wakes a pass."""
+        subtasks ack it, the busiest moment of a fast checkpoint. A checkpoint that ended wakes a pass at once (the
+        job's next trigger may be waiting for it); any other event wakes one after `tick`."""
+        if getattr(event, "type", None) in _ENDED:
+            self._ended = True
+            self._wake.set()
+            return
         due = _trigger_deadline(event)
         if due is None:
             self._wake.set()
@@ -63,6 +77,7 @@ class Scheduler(BackgroundWorker):
         while True:
             next_due = now_ms() + self.max_idle * 1000
             self._wake.clear()
+            self._ended = False
             self._sooner = FAR  # a trigger heard from here on is either seen by this pass or kept for the next
             try:
                 next_due = await self.run_once()
@@ -70,19 +85,24 @@ class Scheduler(BackgroundWorker):
                 raise
             except Exception:  # noqa: BLE001 - keep scheduling
                 log.exception("scheduler pass failed")
-            if await self._sleep(next_due):
-                await asyncio.sleep(self.tick)  # let a burst of events settle into one pass
+            if await self._sleep(next_due) and not self._ended:
+                # let a burst of events settle into one pass, but not past a deadline already known
+                due_in = (min(next_due, self._sooner) - now_ms()) / 1000
+                await asyncio.sleep(max(0.0, min(self.tick, due_in)))
 
     async def _sleep(self, next_due: int) -> bool:
-        """Until the next deadline (the pass's, or a trigger's heard since) falls due, at least `tick` and at most
-        `max_idle` seconds after the pass; True when an event woke the scheduler before then."""
+        """Until the next deadline (the pass's, or a trigger's heard since) falls due, at most `max_idle` seconds
+        after the pass; at least `tick` after it when the pass's deadline had passed already when the pass began
+        (what it could not act on, e.g. a checkpoint another replica held, waits a tick; a deadline that fell due
+        while the pass ran does not). True when an event woke the scheduler before then."""
         loop = asyncio.get_running_loop()
         began = loop.time()
+        floor = self.tick if next_due <= self._pass_began else _FLOOR  # overdue already when the pass began
         while True:
             self._rearm.clear()
             due_in = (min(next_due, self._sooner) - now_ms()) / 1000
             elapsed = loop.time() - began
-            delay = min(self.max_idle, max(self.tick, elapsed + due_in)) - elapsed
+            delay = min(self.max_idle, max(floor, elapsed + due_in)) - elapsed
             if delay <= 0:
                 return False
             # asyncio.wait, not wait_for: wait_for can swallow a cancellation that races a wake-up (Python < 3.12).
@@ -101,7 +121,7 @@ class Scheduler(BackgroundWorker):
     async def run_once(self) -> int:
         """One pass; returns when (ms since the epoch) the next known deadline falls due."""
         self.passes += 1
-        now = now_ms()
+        now = self._pass_began = now_ms()
         next_due = min(await self._expire_and_switch(now), await self._periodic_triggers(now))
         if time.monotonic() >= self._next_sweep and (self._sweeping is None or self._sweeping.done()):
             self._next_sweep = time.monotonic() + 10
@@ -204,27 +224,36 @@ class Scheduler(BackgroundWorker):
                 if now < due:
                     next_due = min(next_due, due)
                     continue
-                next_due = min(next_due, now + interval)
-                await self._trigger(job_id, interval, now)
+                next_due = min(next_due, await self._trigger(job_id, interval, now))
             except Exception as exc:  # noqa: BLE001 - one job's failure must not hold up the others
                 next_due = min(next_due, now + 1000)
                 await self._failed(job_id, "trigger", exc)
         return next_due
 
-    async def _trigger(self, job_id: int, interval: int, now: int) -> None:
+    async def _trigger(self, job_id: int, interval: int, now: int) -> int:
+        """Triggers the job's periodic checkpoint if it may be taken now; returns when to look at the job again."""
+        retry = now + interval
         async with self.ctx.tx() as s:
             job = await lock_job(s, job_id, skip_locked=True)
             if job is None or job.status not in ACTIVE:
-                return
+                return retry  # another replica or an ack batch holds it: the next pass looks again
             # The checkpoint is triggered now, not when this pass began (its other work, on every job, came first):
             # its trigger timestamp, from which its duration counts, is the time it is created.
             now = max(now, now_ms())
             # Re-check under the lock: another replica may have fired this one already.
-            if now < _due(job.last_trigger_at, job.periodic_from, interval):
-                return
+            due = _due(job.last_trigger_at, job.periodic_from, interval)
+            if now < due:
+                return due
             pending = await pending_ids(s, job.id)
             if trigger_refusal(job, pending, now, savepoint=False):
-                return
+                cfg = CheckpointConfig.model_validate(job.config)
+                if len(pending) >= cfg.max_concurrent:
+                    # held back by checkpoints in progress: the end of one wakes a pass (`_heard`); no polling
+                    # meanwhile (the idle pass, `max_idle`, is the fallback)
+                    return FAR
+                if cfg.min_pause and job.last_completed_at is not None:
+                    return job.last_completed_at + cfg.min_pause
+                return retry
             try:
                 await trigger(
                     s, job, now, targets=self.ctx.write_target, backpressure=self.ctx.backpressure, pending=pending
@@ -232,6 +261,7 @@ class Scheduler(BackgroundWorker):
                 job.scheduler_error = None
             except DomainError as exc:
                 log.info("periodic trigger of job %s skipped: %s", job_id, exc.message)
+        return now + interval
 
     async def _failed(self, job_id: int, action: str, exc: Exception) -> None:
         """Log and count a failed action on one job, and show it on the job."""

@@ -76,7 +76,12 @@ class Settings(BaseSettings):
         "failure (a database that does not answer, behind a network partition, would otherwise hold its requests, "
         "the ack committer and the scheduler for as long as TCP keeps the connection).",
     )
-    scheduler_tick: float = Field(default=0.05, description="Seconds between scheduler passes.")
+    scheduler_tick: float = Field(
+        default=0.05,
+        description="Seconds a scheduler pass woken by an event waits for more events (never past a known deadline), "
+        "and between retries of a deadline it could not act on; deadlines ahead (periodic triggers, timeouts) are "
+        "kept to the millisecond.",
+    )
     scheduler_enabled: bool = True
     ack_batch_max: int = Field(
         default=512, description="Most acks committed in one group-commit transaction."

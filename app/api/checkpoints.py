@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from app.api.deps import TASK, CheckpointId, CtxDep, JobId, Offset, TokenAttempt
-from app.domain import views
+from app.domain import channel_state_views, statistics, views
 from app.domain.checkpoints import trigger
 from app.domain.context import get_job_or_404, now_ms
 from app.domain.external import record_external
@@ -26,6 +26,7 @@ from contract.models import (
     SavepointRequest,
     TriggerRequest,
 )
+from contract.models.base import rules_extra
 
 router = APIRouter(prefix="/api/v1/jobs/{job_id}", tags=["checkpoints"])
 
@@ -61,6 +62,7 @@ async def trigger_savepoint(
     status_code=201,
     response_model=Checkpoint,
     responses={200: {"model": Checkpoint, "description": "The same report was recorded before; nothing changed."}},
+    openapi_extra=rules_extra(*ExternalCheckpoint.RULES),
 )
 async def report_checkpoint(
     job_id: JobId, body: ExternalCheckpoint, ctx: CtxDep, response: Response, token_attempt: TokenAttempt
@@ -92,7 +94,7 @@ async def checkpoint_stats(
 ) -> CheckpointStatistics:
     """Counts, a min/avg/p50/p90/p99/max summary, the latest checkpoints and recent history (Flink's fields)."""
     async with ctx.tx(readonly=True) as s:
-        return await views.statistics(s, job_id, history)
+        return await statistics.statistics(s, job_id, history)
 
 
 @router.get("/checkpoints/{checkpoint_id}", dependencies=TASK, response_model=CheckpointDetail)
@@ -107,7 +109,7 @@ async def get_checkpoint(job_id: JobId, checkpoint_id: CheckpointId, ctx: CtxDep
 async def channel_state(job_id: JobId, checkpoint_id: CheckpointId, ctx: CtxDep) -> ChannelStateManifest:
     """The channel-state manifest of a checkpoint: per subtask, the segments of its single blob."""
     async with ctx.tx(readonly=True) as s:
-        return await views.channel_state_manifest(s, job_id, checkpoint_id)
+        return await channel_state_views.channel_state_manifest(s, job_id, checkpoint_id)
 
 
 @router.get("/restore-plan", dependencies=TASK, response_model=RestorePlan)

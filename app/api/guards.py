@@ -61,6 +61,29 @@ async def receive_within(receive, seconds: float) -> dict:
         raise body_timeout(seconds) from None
 
 
+async def read_body(receive, send, limit: int, seconds: float, too_big: DomainError) -> bytes | None:
+    """A request's whole body, each part awaited at most ``seconds``; None when the request was answered here
+    (``too_big`` past ``limit`` bytes, a part that did not come in time) or the client went away."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        try:
+            message = await receive_within(receive, seconds)
+        except RequestTimeout as exc:
+            await respond(send, exc)
+            return None
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            await respond(send, too_big)
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # one part: no copy
+
+
 def _header(scope, name: bytes) -> bytes | None:
     for key, value in scope["headers"]:
         if key == name:
@@ -117,19 +140,9 @@ class RequestGuard:
                 if not started:
                     return await respond(send, exc.unavailable())
                 raise
-        body = bytearray()
-        while True:
-            try:
-                message = await receive_within(receive, self.body_timeout)
-            except RequestTimeout as exc:
-                return await respond(send, exc)
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            if len(body) > limit:
-                return await respond(send, refused)
-            if not message.get("more_body", False):
-                break
+        body = await read_body(receive, send, limit, self.body_timeout, refused)
+        if body is None:
+            return
         for attempt in range(self.retries + 1):
             delivered = False
 
@@ -137,7 +150,7 @@ class RequestGuard:
                 nonlocal delivered
                 if not delivered:
                     delivered = True
-                    return {"type": "http.request", "body": bytes(body), "more_body": False}
+                    return {"type": "http.request", "body": body, "more_body": False}
                 return await receive()
 
             try:

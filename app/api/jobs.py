@@ -22,11 +22,12 @@ from contract.models import (
     RunningReport,
     RunningState,
 )
+from contract.models.base import rules_extra
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
 
-@router.post("", status_code=201, dependencies=ADMIN, response_model=Job)
+@router.post("", status_code=201, dependencies=ADMIN, response_model=Job, openapi_extra=rules_extra(*JobCreate.RULES))
 async def create_job(body: JobCreate, ctx: CtxDep) -> Job:
     """Register a job: its graph and checkpoint config. Invalid ones are refused with 422 naming the problem."""
     async with ctx.tx() as s:
@@ -70,7 +71,13 @@ async def finish_job(job_id: JobId, body: JobFinish, ctx: CtxDep, token_attempt:
         return await views.job_view(s, job)
 
 
-@router.post("/{job_id}/attempts", status_code=201, dependencies=ADMIN, response_model=Attempt)
+@router.post(
+    "/{job_id}/attempts",
+    status_code=201,
+    dependencies=ADMIN,
+    response_model=Attempt,
+    openapi_extra=rules_extra(*AttemptCreate.RULES),
+)
 async def start_attempt(job_id: JobId, ctx: CtxDep, body: AttemptCreate | None = None) -> Attempt:
     """Start the next attempt: returns its number, a job-scoped task token (shown once) and the restore plan.
 
@@ -89,10 +96,10 @@ async def list_attempts(
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     offset: Offset = 0,
 ) -> AttemptPage:
-    """A job's attempts, newest first: the checkpoint each restored, the ones its restore passed over and why, and
-    the vertices it rescaled."""
+    """A job's attempts, newest first: the checkpoint each restored, the ones its restore passed over and why, the
+    vertices it rescaled, and the current attempt's recovery phases (from the live metrics this replica holds)."""
     async with ctx.tx(readonly=True) as s:
-        return await views.list_attempts(s, job_id, limit, offset)
+        return await views.list_attempts(s, job_id, limit, offset, ctx.live)
 
 
 @router.post("/{job_id}/attempts/{attempt}/running", dependencies=TASK, response_model=RunningState)

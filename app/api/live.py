@@ -8,7 +8,17 @@ from fastapi import APIRouter, Path, Request, Response
 
 from app.api.deps import TASK, CtxDep, JobId, TaskToken
 from app.domain import live_metrics
-from contract.models import MAX_ATTEMPT, MAX_PARALLELISM, NAME_PATTERN, JobLiveMetrics, SubtaskMetricsReport
+from contract.models import (
+    MAX_ATTEMPT,
+    MAX_PARALLELISM,
+    NAME_PATTERN,
+    JobLiveMetrics,
+    SubtaskMetrics,
+    SubtaskMetricsBatch,
+    SubtaskMetricsBatchResult,
+    SubtaskMetricsReport,
+)
+from contract.models.base import rules_extra
 
 router = APIRouter(prefix="/api/v1/jobs/{job_id}", tags=["metrics"])
 
@@ -21,6 +31,7 @@ def _store(request: Request) -> live_metrics.LiveMetricsStore:
     "/attempts/{attempt}/subtasks/{vertex}/{subtask_index}/metrics",
     status_code=204,
     response_class=Response,
+    openapi_extra=rules_extra(*SubtaskMetrics.RULES),
 )
 async def report_subtask_metrics(
     job_id: JobId,
@@ -37,6 +48,26 @@ async def report_subtask_metrics(
     or the job ended."""
     await live_metrics.report(ctx, _store(request), job_id, attempt, vertex, subtask_index, body, token_attempt)
     return Response(status_code=204)
+
+
+@router.post(
+    "/attempts/{attempt}/metrics/batch",
+    response_model=SubtaskMetricsBatchResult,
+    openapi_extra=rules_extra(*SubtaskMetrics.RULES),
+)
+async def report_subtask_metrics_batch(
+    job_id: JobId,
+    attempt: Annotated[int, Path(ge=1, le=MAX_ATTEMPT)],
+    body: SubtaskMetricsBatch,
+    request: Request,
+    ctx: CtxDep,
+    token_attempt: TaskToken,
+) -> SubtaskMetricsBatchResult:
+    """The latest metrics of several subtasks of one attempt in one request (a host's relay sends its subtasks'
+    reports so), each kept as its own report would be, by its subtask and its own timestamp. 409 when the attempt
+    is no longer current or the job ended (for the whole batch); a report naming no subtask of the job gets its 404
+    in its item, and the others are kept."""
+    return await live_metrics.report_batch(ctx, _store(request), job_id, attempt, body, token_attempt)
 
 
 @router.get("/metrics", dependencies=TASK, response_model=JobLiveMetrics)

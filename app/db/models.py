@@ -15,6 +15,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -124,7 +125,12 @@ class CheckpointRow(Base):
     persisted_data: Mapped[int] = mapped_column(BigInteger, default=0)
     processed_data: Mapped[int] = mapped_column(BigInteger, default=0)
     alignment_duration: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # the longest start delay of its acks (trigger to first barrier): an aligned barrier's wait in front of queues
+    start_delay: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     any_unaligned: Mapped[bool] = mapped_column(Boolean, default=False)
+    # How its acked subtasks took it: unaligned, and aligned over the in-flight budget (the rest took it aligned).
+    num_unaligned: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    num_over_budget: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     failure_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     discarded: Mapped[bool] = mapped_column(Boolean, default=False)
     # Engine-specific figures of a checkpoint reported from outside (Structured Streaming micro-batches).
@@ -161,6 +167,7 @@ class AckRow(Base):
     persisted_data: Mapped[int] = mapped_column(BigInteger, default=0)
     state_size: Mapped[int] = mapped_column(BigInteger, default=0)
     unaligned: Mapped[bool] = mapped_column(Boolean, default=False)
+    aligned_over_budget: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     operator_blob_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
     channel_blob_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
     segments: Mapped[list[Any]] = mapped_column(JSON, default=list)

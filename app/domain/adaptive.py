@@ -4,16 +4,26 @@ Aligned checkpoints persist no in-flight data but wait, at every shuffle, behind
 do not wait but persist what is in flight. Which is cheaper depends on backpressure, and backpressure comes and goes.
 The rule, in order (the first that applies decides; its reason is recorded with the checkpoint):
 
-1. Backpressure known and at least ``HIGH_BACKPRESSURE`` on some subtask (from the live metrics this coordinator
-   replica received in the last seconds): **unaligned** — an aligned barrier would queue behind full buffers.
-2. No finished checkpoint of the job yet: **aligned**, switching to unaligned after the budget.
-3. The newest finished checkpoint failed (expired or declined): **unaligned**.
-4. The newest finished checkpoint was aligned but had to switch after the budget, or its alignment took at least half
-   the budget: **unaligned** — the next alignment is likely to run out.
-5. The newest finished checkpoint was unaligned from the start: back to **aligned** only when it persisted at most
-   ``CALM_BYTES_PER_SUBTASK`` per subtask (its channels were nearly empty, so alignment is quick) and backpressure, if
-   known, is below ``LOW_BACKPRESSURE``; otherwise stay **unaligned**.
-6. Otherwise **aligned**: alignment has been well within the budget.
+1. No finished checkpoint of the job yet and no high backpressure: **aligned**, switching to unaligned after the
+   budget.
+2. The newest finished checkpoint failed (expired or declined): **unaligned**.
+3. Calm: backpressure unknown or below ``HIGH_BACKPRESSURE``, and the newest finished checkpoint aligned in less than
+   half the budget, or was unaligned but persisted at most ``CALM_BYTES_PER_SUBTASK`` per subtask (its channels were
+   nearly empty) with backpressure, if known, below ``LOW_BACKPRESSURE``: **aligned**.
+4. Otherwise the job is under pressure (backpressure of at least ``HIGH_BACKPRESSURE`` on some subtask in the live
+   metrics this replica received, an alignment that switched or took at least half the budget, or unaligned
+   checkpoints that still persist full channels), and the choice is made from what each choice *achieved* under
+   pressure (`pressured`: aligned ones that switched or used half the budget, unaligned ones that persisted in-flight
+   data): the end-to-end durations of the last ``SAMPLE`` such completed checkpoints per choice
+   among the newest ``HISTORY`` finished ones.
+
+   a. A choice with no such checkpoint there is **tried** (explored): workloads change, and a choice not tried for
+      ``HISTORY`` checkpoints is tried again. When both lack one, unaligned is tried first.
+   b. Otherwise **unaligned** only when its median is below ``1 - MARGIN`` times aligned's: equal durations favour
+      aligned, which persists less. Else **aligned**.
+
+The inputs all come from the database (the checkpoint rows) except the live backpressure, so replicas decide alike;
+a replica with no live metrics decides from the checkpoints alone. The rule is a pure function of its inputs.
 
 "Aligned" always means aligned-then-unaligned with the budget as its alignment timeout, so a checkpoint chosen
 aligned whose backpressure arrives after the decision still switches instead of expiring. The budget is the job's
@@ -35,6 +45,12 @@ CALM_BYTES_PER_SUBTASK = 64 * 1024
 """Persisted in-flight bytes per subtask under which channels count as nearly empty (two 32 KiB buffers)."""
 DEFAULT_BUDGET_MS = 1000
 """Alignment budget when the job sets no ``alignment_timeout``."""
+HISTORY = 16
+"""Finished checkpoints (newest first) the rule looks at; a choice absent from them is tried again."""
+SAMPLE = 5
+"""Completed checkpoints per choice whose durations are compared (the newest under pressure)."""
+MARGIN = 0.1
+"""How much faster (share of aligned's median) unaligned must have been to be chosen over aligned."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +67,10 @@ class Seen:
     alignment_duration: int | None = None
     persisted_data: int = 0
     num_subtasks: int = 1
+    policy: BarrierPolicy | None = None
+    """The policy its barriers carried (for an adaptive checkpoint, the one chosen)."""
+    duration: int | None = None
+    """End to end, trigger to completion (ms); None when it failed."""
 
 
 @dataclass(frozen=True)
@@ -75,10 +95,36 @@ def _bytes(n: int) -> str:
     return f"{n / (1024 * 1024):.1f} MiB"
 
 
+def _calm_bytes(cp: Seen) -> bool:
+    return cp.persisted_data // max(1, cp.num_subtasks) <= CALM_BYTES_PER_SUBTASK
+
+
+def pressured(cp: Seen, budget: int) -> bool:
+    """Whether a completed checkpoint says what its choice achieves under pressure: aligned-then-unaligned that
+    switched or used at least half the budget (a quick alignment in a calm phase would make aligning look fast), or
+    unaligned that persisted any in-flight data. Unaligned ones are not held to ``CALM_BYTES_PER_SUBTASK``: with
+    credit-bounded channels a busy phase's unaligned checkpoint may persist less than that per subtask (the wave
+    benchmark: some 16 KiB), and leaving them out made unaligned look untried and tried again and again."""
+    if cp.failed or cp.duration is None:
+        return False
+    if cp.policy == BarrierPolicy.aligned_then_unaligned:
+        return cp.switched or (cp.alignment_duration or 0) * 2 >= budget
+    if cp.policy == BarrierPolicy.unaligned:
+        return cp.persisted_data > 0
+    return False
+
+
+def _median(xs: list[int]) -> float:
+    ys = sorted(xs)
+    mid = len(ys) // 2
+    return float(ys[mid]) if len(ys) % 2 else (ys[mid - 1] + ys[mid]) / 2
+
+
 def decide(seen: Observations, budget: int) -> PolicyDecision:
     """Aligned (with the budget as alignment timeout) or unaligned for the next checkpoint, and why."""
     bp = seen.backpressure
-    last = seen.history[0] if seen.history else None
+    history = seen.history[:HISTORY]
+    last = history[0] if history else None
 
     def chose(policy: BarrierPolicy, reason: str) -> PolicyDecision:
         return PolicyDecision(
@@ -91,25 +137,46 @@ def decide(seen: Observations, budget: int) -> PolicyDecision:
         )
 
     aligned, unaligned = BarrierPolicy.aligned_then_unaligned, BarrierPolicy.unaligned
-    if bp is not None and bp >= HIGH_BACKPRESSURE:
-        return chose(unaligned, f"backpressure {bp:.2f} ≥ {HIGH_BACKPRESSURE}: an aligned barrier would queue behind "
-                                "full buffers")
-    if last is None:
+    hot = bp is not None and bp >= HIGH_BACKPRESSURE
+    if last is None and not hot:
         return chose(aligned, f"no finished checkpoint yet: align, switching to unaligned after {budget} ms")
-    if last.failed:
+    if last is not None and last.failed:
         return chose(unaligned, f"checkpoint {last.id} failed ({last.failed})")
-    if last.switched:
-        return chose(unaligned, f"checkpoint {last.id} could not align within the {budget} ms budget")
-    if not last.unaligned:
-        took = last.alignment_duration or 0
-        if took * 2 >= budget:
-            return chose(unaligned, f"checkpoint {last.id} aligned in {took} ms, at least half the {budget} ms budget")
-        return chose(aligned, f"checkpoint {last.id} aligned in {took} ms, well within the {budget} ms budget")
-    per_subtask = last.persisted_data // max(1, last.num_subtasks)
-    if per_subtask > CALM_BYTES_PER_SUBTASK:
-        return chose(unaligned, f"checkpoint {last.id} persisted {_bytes(per_subtask)} of in-flight data per subtask: "
-                                "channels are still full")
-    if bp is not None and bp >= LOW_BACKPRESSURE:
-        return chose(unaligned, f"backpressure {bp:.2f} has not dropped below {LOW_BACKPRESSURE} yet")
-    return chose(aligned, f"checkpoint {last.id} persisted only {_bytes(per_subtask)} per subtask: channels are "
-                          f"nearly empty, align again (switching after {budget} ms)")
+    if last is not None and not hot:
+        if not last.unaligned:
+            took = last.alignment_duration or 0
+            if took * 2 < budget:
+                return chose(aligned, f"checkpoint {last.id} aligned in {took} ms, well within the {budget} ms budget")
+        elif not last.switched and _calm_bytes(last) and (bp is None or bp < LOW_BACKPRESSURE):
+            per_subtask = last.persisted_data // max(1, last.num_subtasks)
+            return chose(aligned, f"checkpoint {last.id} persisted only {_bytes(per_subtask)} per subtask: channels "
+                                  f"are nearly empty, align again (switching after {budget} ms)")
+
+    # under pressure: choose from what each choice achieved under pressure
+    if hot:
+        why = f"backpressure {bp:.2f} ≥ {HIGH_BACKPRESSURE}"
+    elif last is not None and last.switched:
+        why = f"checkpoint {last.id} could not align within the {budget} ms budget"
+    elif last is not None and not last.unaligned:
+        why = f"checkpoint {last.id} aligned in {last.alignment_duration or 0} ms, at least half the {budget} ms budget"
+    elif last is not None and not _calm_bytes(last):
+        per_subtask = last.persisted_data // max(1, last.num_subtasks)
+        why = f"checkpoint {last.id} persisted {_bytes(per_subtask)} of in-flight data per subtask: channels are still full"
+    else:
+        why = f"backpressure {bp:.2f} has not dropped below {LOW_BACKPRESSURE} yet"
+    samples = {
+        choice: [cp for cp in history if cp.policy == choice and pressured(cp, budget)][:SAMPLE]
+        for choice in (aligned, unaligned)
+    }
+    for choice in (unaligned, aligned):
+        if not samples[choice]:
+            return chose(choice, f"{why}; {choice.value} not tried under pressure in the last {HISTORY} checkpoints: "
+                                 "try it")
+    a = _median([cp.duration or 0 for cp in samples[aligned]])
+    u = _median([cp.duration or 0 for cp in samples[unaligned]])
+    figures = (f"under pressure, unaligned took {u:.0f} ms (median of {len(samples[unaligned])}), aligned then "
+               f"unaligned {a:.0f} ms (median of {len(samples[aligned])})")
+    if u < a * (1 - MARGIN):
+        return chose(unaligned, f"{why}; {figures}: unaligned is faster by more than {MARGIN:.0%}")
+    return chose(aligned, f"{why}; {figures}: unaligned is not faster by more than {MARGIN:.0%}, align (persists "
+                          f"less), switching after {budget} ms")

@@ -20,13 +20,15 @@ from app.domain.cleanup import Cleaner, pending_cleanups
 from app.errors import NotFound
 from app.events import EventBus, event_bus_from_url, pending_events
 from app.settings import Settings
-from contract.models import WriteTarget
+from contract.models import RecoveryPhases, WriteTarget
 
 
 class LiveBackpressure(Protocol):
     """What the context asks of the live metrics (`app.domain.live_metrics.LiveMetricsStore`)."""
 
     def max_backpressure(self, job_id: int, attempt: int, now: int) -> float | None: ...
+
+    def phases(self, job_id: int, attempt: int, started_at: int, subtasks: int) -> RecoveryPhases | None: ...
 
 log = logging.getLogger(__name__)
 CLEANUP_DELAY = 0.05  # seconds between a commit and the deferred cleaning of what it released

@@ -8,7 +8,8 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import AckRow, CheckpointRow, JobRow
-from app.domain.checkpoints import ACTIVE, complete_checkpoint
+from app.domain.checkpoints import ACTIVE
+from app.domain.completion import complete_checkpoint
 from app.domain.lifecycle import PENDING, check_current_attempt
 from app.errors import Conflict
 from app.events import emit
@@ -63,6 +64,8 @@ async def record_external(s: AsyncSession, job: JobRow, body: ExternalCheckpoint
         alignment_duration=body.alignment_duration,
         latest_ack_ts=body.completed_timestamp,
         any_unaligned=False,
+        num_unaligned=0,
+        num_over_budget=0,
         discarded=False,
         details={"digest": digest, "metrics": body.metrics, "source_offsets": body.source_offsets},
     )

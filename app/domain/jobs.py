@@ -14,11 +14,12 @@ from app.domain.checkpoints import check_subtask
 from app.domain.context import Context, get_job_or_404, now_ms
 from app.domain.graph import validate_config, validate_graph
 from app.domain.lifecycle import AbortReason
-from app.domain.restore import build_plan, select_checkpoint
+from app.domain.restore import build_plan, left_off, select_checkpoint
 from app.errors import Conflict, Invalid, Unauthorized
 from app.events import emit
 from contract.events import AttemptStarted
 from contract.models import (
+    AfterAttempt,
     Attempt,
     Graph,
     JobCreate,
@@ -121,6 +122,10 @@ async def start_attempt(
     lifecycle.move_job(job, JobStatus.running, reason)
     if parallelism:
         rescale(job, parallelism)
+    if isinstance(restore_from, AfterAttempt):
+        # chosen here, under the job's lock and before the old attempt's pending checkpoints are aborted: nothing
+        # of it can complete meanwhile, so retention cannot collect the choice (the plan's requested_checkpoint)
+        restore_from = await left_off(s, job, restore_from)
     candidates = await select_checkpoint(s, job, restore_from)
     plan: RestorePlan = await build_plan(ctx, s, job, candidates, restore_from)
     if job.current_attempt is not None:

@@ -264,21 +264,6 @@ def abort(cp: CheckpointRow, job: JobRow, reason: AbortReason, detail: str, now:
     return False
 
 
-async def release_blobs(
-    s: AsyncSession,
-    job_id: int,
-    checkpoint_ids: list[int],
-    now: int,
-    *,
-    marked: bool = False,
-    unreferenced: bool = False,
-) -> None:
-    """Nothing references these checkpoints' state any more: their prefixes in the blob store are deleted after the
-    commit (and by the sweep should that fail). Never called for a completed savepoint or the latest completed.
-    `marked`, `unreferenced`: what the caller already did or read (`cleanup.release`)."""
-    await cleanup.release(s, job_id, checkpoint_ids, now, marked=marked, unreferenced=unreferenced)
-
-
 async def abort_checkpoint(
     s: AsyncSession,
     job: JobRow,
@@ -293,7 +278,7 @@ async def abort_checkpoint(
     `unreferenced`: the job has no channel state reference (`cleanup.release`)."""
     became_failing = abort(cp, job, reason, detail, now)
     job.updated_at = now
-    await release_blobs(s, job.id, [cp.id], now, unreferenced=unreferenced)
+    await cleanup.release(s, job.id, [cp.id], now, unreferenced=unreferenced)  # its blobs go after the commit
     emit(
         s,
         job,

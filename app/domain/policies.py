@@ -1,7 +1,7 @@
 """The coordinator's side of each barrier policy, one rule per policy: what a checkpoint of that policy carries to
 the subtasks (the alignment timeout) and whether, and when, the coordinator tells them to switch to unaligned.
 
-Adding a barrier policy means one `BarrierPolicy` value in `contract/models.py`, its first barrier state in the
+Adding a barrier policy means one `BarrierPolicy` value in `contract/models/config.py`, its first barrier state in the
 runtime, and one rule here (a test fails while a policy has no rule). A policy the coordinator resolves per checkpoint
 (adaptive) needs no runtime state: its plan names the policy the barriers carry.
 """

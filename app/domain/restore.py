@@ -27,11 +27,11 @@ from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from typing import Literal
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.blobstore import store_answers
-from app.db.models import AckRow, BlobRow, CheckpointRow, JobRow
+from app.db.models import AckRow, AttemptRow, BlobRow, CheckpointRow, JobRow
 from app.domain import written
 from app.domain.blobs import object_of
 from app.domain.context import Context, now_ms
@@ -39,6 +39,7 @@ from app.domain.lifecycle import COMPLETED
 from app.errors import Conflict, NotFound
 from contract.keygroups import key_group_range
 from contract.models import (
+    AfterAttempt,
     BlobLocation,
     Partitioning,
     PlanFallback,
@@ -50,11 +51,44 @@ from contract.models import (
     VertexRescale,
 )
 
-Requested = int | Literal["latest"] | None
+Requested = int | Literal["latest"] | AfterAttempt | None
+
+
+async def left_off(s: AsyncSession, job: JobRow, after: AfterAttempt) -> int | None:
+    """Where the job's current attempt ``after.attempt`` left off: the newest checkpoint it completed, else the one
+    it restored (None: it started fresh and completed none).
+
+    Called while the next attempt opens, holding the job's row lock, which a completing acknowledgement takes too:
+    nothing of the old attempt completes between this choice and the abort of its pending checkpoints, so retention
+    (which runs as a checkpoint completes) cannot collect the chosen one first, whatever ``retained`` is. Only the
+    attempt's own checkpoints descend from what it restored (a run started from an older savepoint must not jump to a
+    newer checkpoint of an earlier run)."""
+    if job.current_attempt != after.attempt:
+        raise Conflict(
+            f"job {job.id} is on attempt {job.current_attempt}, not {after.attempt}: only the current attempt can be "
+            f"continued where it left off; restore a checkpoint by its id instead"
+        )
+    newest = (
+        await s.execute(
+            select(func.max(CheckpointRow.id)).where(
+                CheckpointRow.job_id == job.id,
+                CheckpointRow.attempt == after.attempt,
+                CheckpointRow.status == COMPLETED,
+                CheckpointRow.discarded.is_(False),
+            )
+        )
+    ).scalar_one_or_none()
+    if newest is not None:
+        return newest
+    row = await s.get(AttemptRow, (job.id, after.attempt))
+    return row.restored_checkpoint_id if row is not None else None
 
 
 async def select_checkpoint(s: AsyncSession, job: JobRow, requested: Requested) -> list[CheckpointRow]:
-    """The checkpoints to try, best first: the requested one (or the latest) and the completed ones before it."""
+    """The checkpoints to try, best first: the requested one (or the latest) and the completed ones before it.
+    An ``AfterAttempt`` is resolved first (``left_off``), under the job's row lock, which the caller holds."""
+    if isinstance(requested, AfterAttempt):
+        requested = await left_off(s, job, requested)
     if requested is None:
         return []
     q = select(CheckpointRow).where(
@@ -345,12 +379,12 @@ def _plan(
                 key_group_end=kg_end,
                 operator_state=_operator_state(old, blobs, i, bool(v.get("keyed"))),
                 input_channel_state=_input_segments(old, i),
-                source_positions=positions if old.rescaled else [],
+                source_positions=positions,
             )
             for pos in old.mapped(i):
                 sub.output_channel_state += _segments(old.acks[pos], "output")
             same = old.same(i)
-            if same is not None:
+            if same is not None and not old.rescaled:
                 sub.source_offsets = old.acks[same].source_offsets
             subtasks.append(sub)
     return RestorePlan(

@@ -1,4 +1,5 @@
-"""Read models: jobs, checkpoints and Flink-style checkpoint statistics built from the stored rows."""
+"""Read models: jobs, checkpoints, a checkpoint's details and a job's attempts, built from the stored rows (a
+checkpoint's channel state: ``channel_state_views``; a job's statistics: ``statistics``)."""
 
 from __future__ import annotations
 
@@ -10,31 +11,27 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import AckRow, AttemptRow, BlobRow, CheckpointRow, EventRow, JobRow
 from app.domain.checkpoints import checkpoint_type, get_checkpoint_or_404
-from app.domain.context import get_job_or_404
+from app.domain.context import LiveBackpressure, get_job_or_404
 from app.domain.lifecycle import ABORTED, COMPLETED, PENDING, AbortReason
 from contract.events import AttemptStarted
 from contract.models import (
+    TERMINAL_JOB_STATUSES,
     AttemptInfo,
     AttemptPage,
     BlobRef,
-    ChannelSegment,
-    ChannelStateEntry,
-    ChannelStateManifest,
     Checkpoint,
     CheckpointConfig,
-    CheckpointCounts,
     CheckpointDetail,
     CheckpointPage,
-    CheckpointStatistics,
     CheckpointStatus,
-    CheckpointSummary,
     CheckpointType,
     Graph,
     Job,
     JobPage,
     JobStatus,
-    LatestCheckpoints,
     MinMaxAvg,
+    RecoveryPhases,
+    SubtaskModes,
     SubtaskStats,
     VertexCheckpointSummary,
 )
@@ -94,8 +91,9 @@ def job_model(job: JobRow, counts: dict[str, int]) -> Job:
         latest_completed_checkpoint_id=job.latest_completed_id,
         latest_completed_at=job.last_completed_at,
         num_completed=counts.get(COMPLETED, 0),
-        num_failed=counts.get(ABORTED, 0),
+        num_failed=counts.get(ABORTED, 0) - counts.get("interrupted", 0),
         num_in_progress=counts.get(PENDING, 0),
+        num_not_finished=counts.get("interrupted", 0),
         num_interrupted=counts.get("interrupted", 0),
         scheduler_error=job.scheduler_error,
         running_at=job.running_at,
@@ -142,6 +140,11 @@ def checkpoint_model(cp: CheckpointRow) -> Checkpoint:
         status=CheckpointStatus(cp.status),
         is_savepoint=cp.is_savepoint,
         checkpoint_type=CheckpointType(checkpoint_type(cp)),
+        subtask_modes=SubtaskModes(
+            unaligned=cp.num_unaligned or 0,
+            aligned=cp.num_acked - (cp.num_unaligned or 0) - (cp.num_over_budget or 0),
+            aligned_over_budget=cp.num_over_budget or 0,
+        ),
         policy=cp.policy,
         alignment_timeout=cp.alignment_timeout,
         trigger_timestamp=cp.trigger_ts,
@@ -155,6 +158,7 @@ def checkpoint_model(cp: CheckpointRow) -> Checkpoint:
         persisted_data=cp.persisted_data,
         processed_data=cp.processed_data,
         alignment_duration=cp.alignment_duration,
+        start_delay=cp.start_delay,
         num_subtasks=cp.num_subtasks,
         num_acknowledged_subtasks=cp.num_acked,
         failure_reason=cp.failure_reason,
@@ -209,6 +213,11 @@ async def checkpoint_detail(s: AsyncSession, job_id: int, checkpoint_id: int) ->
         for i in range(v["parallelism"])
         if (v["id"], i) not in acked and cp.status == PENDING and cp.attempt == (job.current_attempt or cp.attempt)
     ]
+    never_acked = []
+    if cp.status == ABORTED and abort_reason(cp.failure_reason) in ("expired", "declined"):
+        never_acked = [
+            f"{v['id']}[{i}]" for v in job.graph["vertices"] for i in range(v["parallelism"]) if (v["id"], i) not in acked
+        ]
     subtasks = [
         SubtaskStats(
             vertex=a.vertex,
@@ -223,6 +232,7 @@ async def checkpoint_detail(s: AsyncSession, job_id: int, checkpoint_id: int) ->
             processed_data=a.processed_data,
             persisted_data=a.persisted_data,
             unaligned=a.unaligned,
+            aligned_over_budget=bool(a.aligned_over_budget),
             operator_state=_blob_ref(blobs.get(a.operator_blob_id)) if a.operator_blob_id else None,
             channel_state=_blob_ref(blobs.get(a.channel_blob_id)) if a.channel_blob_id else None,
             source_offsets=a.source_offsets,
@@ -233,6 +243,7 @@ async def checkpoint_detail(s: AsyncSession, job_id: int, checkpoint_id: int) ->
         **checkpoint_model(cp).model_dump(),
         subtasks=subtasks,
         pending_subtasks=pending,
+        never_acked_subtasks=never_acked,
         vertices=vertex_summaries(job.graph, subtasks),
     )
 
@@ -247,6 +258,20 @@ _SUMMED = (
     "processed_data",
     "persisted_data",
 )
+
+
+def summarize(values: list[float]) -> MinMaxAvg:
+    if not values:
+        return MinMaxAvg()
+    vs = sorted(values)
+
+    def pct(p: float) -> float:
+        # nearest-rank percentile
+        return float(vs[max(0, min(len(vs) - 1, math.ceil(p * len(vs)) - 1))])
+
+    return MinMaxAvg(
+        min=float(vs[0]), max=float(vs[-1]), avg=sum(vs) / len(vs), p50=pct(0.5), p90=pct(0.9), p99=pct(0.99)
+    )
 
 
 def vertex_summaries(graph: dict, subtasks: list[SubtaskStats]) -> list[VertexCheckpointSummary]:
@@ -265,6 +290,7 @@ def vertex_summaries(graph: dict, subtasks: list[SubtaskStats]) -> list[VertexCh
                 parallelism=parallelism.get(vertex, len(acked)),
                 num_acknowledged_subtasks=len(acked),
                 num_unaligned=sum(1 for a in acked if a.unaligned),
+                num_aligned_over_budget=sum(1 for a in acked if a.aligned_over_budget),
                 latest_ack_timestamp=max((a.ack_timestamp for a in acked), default=None),
                 **{field: summarize([getattr(a, field) for a in acked]) for field in _SUMMED},
             )
@@ -272,155 +298,16 @@ def vertex_summaries(graph: dict, subtasks: list[SubtaskStats]) -> list[VertexCh
     return out
 
 
-async def channel_state_manifest(s: AsyncSession, job_id: int, checkpoint_id: int) -> ChannelStateManifest:
-    job = await get_job_or_404(s, job_id)
-    cp = await get_checkpoint_or_404(s, job_id, checkpoint_id)
-    acks = (
-        await s.execute(
-            select(AckRow)
-            .where(AckRow.job_id == job_id, AckRow.checkpoint_id == checkpoint_id)
-            .order_by(AckRow.vertex, AckRow.subtask_index)
-        )
-    ).scalars()
-    entries = [e for e in map(_channel_state_entry, acks) if e is not None]
-    manifest = ChannelStateManifest(job_id=job_id, checkpoint_id=checkpoint_id, entries=entries)
-    if cp.status == ABORTED:
-        manifest.deleted, manifest.deleted_reason, manifest.deleted_at = True, "aborted", cp.completed_ts
-    elif cp.discarded:
-        manifest.deleted, manifest.deleted_reason = True, "retention"
-        manifest.deleted_at = await _discarded_at(s, job, cp)
-    return manifest
+_ENDED = {status.value for status in TERMINAL_JOB_STATUSES}
 
 
-def _channel_state_entry(a: AckRow) -> ChannelStateEntry | None:
-    # an ack whose segments all reference earlier checkpoints' blobs has no blob of its own
-    if a.channel_blob_id is None and not a.segments:
-        return None
-    return ChannelStateEntry(
-        vertex=a.vertex,
-        subtask_index=a.subtask_index,
-        blob_id=a.channel_blob_id,
-        segments=[ChannelSegment.model_validate(seg) for seg in a.segments],
-    )
-
-
-async def channel_state_entry(
-    s: AsyncSession, job_id: int, checkpoint_id: int, vertex: str, subtask_index: int
-) -> ChannelStateEntry | None:
-    """One subtask's entry of a checkpoint's channel-state manifest (None: it has no channel state), read alone:
-    the manifest of a big job holds thousands."""
-    await get_job_or_404(s, job_id)
-    await get_checkpoint_or_404(s, job_id, checkpoint_id)
-    ack = await s.get(AckRow, (job_id, checkpoint_id, vertex, subtask_index))
-    return _channel_state_entry(ack) if ack is not None else None
-
-
-async def _discarded_at(s: AsyncSession, job: JobRow, cp: CheckpointRow) -> int | None:
-    """When retention collected a checkpoint: the completion of the checkpoint that left it outside the newest
-    `retained` completed ones (the rule of `apply_retention`, which keeps no time of its own)."""
-    retained = max(1, int(job.config.get("retained", 1)))
-    newer = (
-        await s.execute(
-            select(CheckpointRow.completed_ts)
-            .where(
-                CheckpointRow.job_id == job.id,
-                CheckpointRow.id > cp.id,
-                CheckpointRow.status == COMPLETED,
-                CheckpointRow.is_savepoint.is_(False),
-            )
-            .order_by(CheckpointRow.id)
-            .offset(retained - 1)
-            .limit(1)
-        )
-    ).scalar_one_or_none()
-    return newer
-
-
-def summarize(values: list[float]) -> MinMaxAvg:
-    if not values:
-        return MinMaxAvg()
-    vs = sorted(values)
-
-    def pct(p: float) -> float:
-        # nearest-rank percentile
-        return float(vs[max(0, min(len(vs) - 1, math.ceil(p * len(vs)) - 1))])
-
-    return MinMaxAvg(
-        min=float(vs[0]), max=float(vs[-1]), avg=sum(vs) / len(vs), p50=pct(0.5), p90=pct(0.9), p99=pct(0.99)
-    )
-
-
-async def statistics(s: AsyncSession, job_id: int, history_size: int = 10) -> CheckpointStatistics:
-    await get_job_or_404(s, job_id)
-    counts = (await _counts(s, [job_id]))[job_id]
-    # only the figures the summary needs, not whole rows (their JSON columns): a long history has many thousands
-    completed = (
-        await s.execute(
-            select(
-                CheckpointRow.completed_ts,
-                CheckpointRow.trigger_ts,
-                CheckpointRow.state_size,
-                CheckpointRow.persisted_data,
-                CheckpointRow.processed_data,
-                CheckpointRow.alignment_duration,
-            )
-            .where(CheckpointRow.job_id == job_id, CheckpointRow.status == COMPLETED)
-            .order_by(CheckpointRow.id.desc())
-            .limit(100_000)
-        )
-    ).all()
-    summary = CheckpointSummary(
-        end_to_end_duration=summarize([c.completed_ts - c.trigger_ts for c in completed if c.completed_ts]),
-        state_size=summarize([c.state_size for c in completed]),
-        persisted_data=summarize([c.persisted_data for c in completed]),
-        processed_data=summarize([c.processed_data for c in completed]),
-        alignment_duration=summarize(
-            [c.alignment_duration for c in completed if c.alignment_duration is not None]
-        ),
-    )
-
-    async def latest(*conds) -> Checkpoint | None:
-        row = (
-            await s.execute(
-                select(CheckpointRow)
-                .where(CheckpointRow.job_id == job_id, *conds)
-                .order_by(CheckpointRow.id.desc())
-                .limit(1)
-            )
-        ).scalar_one_or_none()
-        return checkpoint_model(row) if row else None
-
-    history = (
-        await s.execute(
-            select(CheckpointRow)
-            .where(CheckpointRow.job_id == job_id)
-            .order_by(CheckpointRow.id.desc())
-            .limit(history_size)
-        )
-    ).scalars()
-    return CheckpointStatistics(
-        counts=CheckpointCounts(
-            total=sum(counts.get(status, 0) for status in (PENDING, COMPLETED, ABORTED)),
-            in_progress=counts.get(PENDING, 0),
-            completed=counts.get(COMPLETED, 0),
-            failed=counts.get(ABORTED, 0),
-            savepoints=counts["savepoints"],
-            interrupted=counts.get("interrupted", 0),
-        ),
-        summary=summary,
-        latest=LatestCheckpoints(
-            completed=await latest(CheckpointRow.status == COMPLETED, CheckpointRow.is_savepoint.is_(False)),
-            savepoint=await latest(CheckpointRow.status == COMPLETED, CheckpointRow.is_savepoint.is_(True)),
-            failed=await latest(CheckpointRow.status == ABORTED),
-        ),
-        history=[checkpoint_model(r) for r in history],
-    )
-
-
-async def list_attempts(s: AsyncSession, job_id: int, limit: int, offset: int) -> AttemptPage:
+async def list_attempts(
+    s: AsyncSession, job_id: int, limit: int, offset: int, live: LiveBackpressure | None = None
+) -> AttemptPage:
     """A job's attempts, newest first: what each restored (from the attempts table) and, from its
-    `attempt.started` event, the checkpoints its restore passed over and the vertices it rescaled."""
-    await get_job_or_404(s, job_id)
+    `attempt.started` event, the checkpoints its restore passed over and the vertices it rescaled; the current
+    attempt's recovery phases from the live metrics `live` holds."""
+    job = await get_job_or_404(s, job_id)
     total = (
         await s.execute(select(func.count()).select_from(AttemptRow).where(AttemptRow.job_id == job_id))
     ).scalar_one()
@@ -461,9 +348,26 @@ async def list_attempts(s: AsyncSession, job_id: int, limit: int, offset: int) -
                 )
             ).scalars()
         )
+    # why each ended: the reason its successor started with (which may be on the page before this one)
+    successors = {r.number + 1 for r in rows}
+    next_reason = dict(
+        (
+            await s.execute(
+                select(AttemptRow.number, AttemptRow.reason).where(
+                    AttemptRow.job_id == job_id, AttemptRow.number.in_(successors)
+                )
+            )
+        ).all()
+    ) if rows else {}
     items = []
     for r in rows:
         event = started.get(r.number)
+        if r.number + 1 in next_reason:
+            end_reason = next_reason[r.number + 1] or "a new attempt started"
+        elif job.status in _ENDED:
+            end_reason = f"the job ended as {job.status}" + (f": {job.status_message}" if job.status_message else "")
+        else:
+            end_reason = None
         items.append(
             AttemptInfo(
                 attempt=r.number,
@@ -471,9 +375,20 @@ async def list_attempts(s: AsyncSession, job_id: int, limit: int, offset: int) -
                 ended_at=r.ended_at,
                 restored_checkpoint_id=r.restored_checkpoint_id,
                 restored_is_savepoint=r.restored_checkpoint_id in savepoints,
+                reason=r.reason,
                 fallbacks=event.fallbacks if event else [],
                 rescaled=event.rescaled if event else [],
                 recorded=event is not None,
+                end_reason=end_reason,
+                phases=_phases(live, job, r),
             )
         )
     return AttemptPage(items=items, total=total)
+
+
+def _phases(live: LiveBackpressure | None, job: JobRow, attempt: AttemptRow) -> RecoveryPhases | None:
+    """The current attempt's recovery phases, as far as this replica's live metrics know them."""
+    if live is None or attempt.number != job.current_attempt:
+        return None
+    subtasks = sum(v["parallelism"] for v in job.graph.get("vertices", []))
+    return live.phases(job.id, attempt.number, attempt.started_at, subtasks)
