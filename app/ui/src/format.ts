@@ -15,7 +15,8 @@ export function bytes(v: number | null | undefined): string {
     x /= 1024;
     i++;
   }
-  return i === 0 ? `${x} B` : `${x.toFixed(x < 10 ? 1 : 0)} ${units[i]}`;
+  // bytes are whole (an average of sizes is not): "346 B", never "346.5 B"
+  return i === 0 ? `${Math.round(x)} B` : `${x.toFixed(x < 10 ? 1 : 0)} ${units[i]}`;
 }
 
 export function time(ts: number | null | undefined): string {

@@ -17,9 +17,10 @@ export function warmUp(checkpoints: Checkpoint[], complete: boolean): Set<number
   return out;
 }
 
-/** The largest value of the steady (not warm-up) completed checkpoints, or of all when there are none. */
+/** The largest value of the steady completed checkpoints (neither warm-up nor savepoints: a savepoint is aligned
+ * whatever the policy, and a user's, so it says nothing about the job's checkpoints), or of all when there are none. */
 export function steadyMax(checkpoints: Checkpoint[], warm: Set<number>, value: (c: Checkpoint) => number): number {
   const done = checkpoints.filter((c) => c.status === "COMPLETED");
-  const steady = done.filter((c) => !warm.has(c.id));
+  const steady = done.filter((c) => !warm.has(c.id) && !c.is_savepoint);
   return Math.max(1, ...(steady.length ? steady : done).map(value));
 }

@@ -21,6 +21,7 @@ export type VertexLiveMetrics = Schemas["VertexLiveMetrics"];
 export type SubtaskLiveMetrics = Schemas["SubtaskLiveMetrics"];
 export type VertexCheckpointSummary = Schemas["VertexCheckpointSummary"];
 export type MinMaxAvg = Schemas["MinMaxAvg"];
+export type SubtaskModes = Schemas["SubtaskModes"];
 
 /** Job statuses in which the job runs and takes checkpoints. */
 export const ACTIVE_STATUSES = ["CREATED", "RUNNING", "FAILING"];

@@ -1,4 +1,6 @@
 // Follows a job's server-sent events with fetch (so the Authorization header can be sent), resuming with Last-Event-ID.
+// The stream is parsed by eventsource-parser (every field of the SSE format: id, event, data, retry, comments).
+import { createParser, type EventSourceMessage } from "eventsource-parser";
 import { EVENTS_PATH, getToken, type OvertakeEvent } from "./client";
 
 export type StreamState = "connecting" | "live" | "reconnecting" | "unauthorized" | "gone";
@@ -33,31 +35,28 @@ export function followEvents(
     onState("live");
     delay = 500;
     const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-    let buffer = "";
-    let id: string | null = null;
-    let data = "";
+    let retry: number | null = null; // the server's "retry:" field: the reconnection delay it asks for
+    const parser = createParser({
+      onEvent(message: EventSourceMessage) {
+        if (message.id) lastId = message.id;
+        if (!message.data) return;
+        try {
+          onEvent(JSON.parse(message.data) as OvertakeEvent);
+        } catch {
+          /* a malformed event is skipped */
+        }
+      },
+      onRetry(ms: number) {
+        retry = ms;
+      },
+    });
     for (;;) {
       const { value, done } = await reader.read();
-      if (done) return "retry";
-      buffer += value;
-      let nl: number;
-      while ((nl = buffer.indexOf("\n")) >= 0) {
-        const line = buffer.slice(0, nl).replace(/\r$/, "");
-        buffer = buffer.slice(nl + 1);
-        if (line === "") {
-          if (data) {
-            if (id) lastId = id;
-            try {
-              onEvent(JSON.parse(data) as OvertakeEvent);
-            } catch {
-              /* a malformed event is skipped */
-            }
-          }
-          id = null;
-          data = "";
-        } else if (line.startsWith("id:")) id = line.slice(3).trim();
-        else if (line.startsWith("data:")) data += (data ? "\n" : "") + line.slice(5).trimStart();
+      if (done) {
+        if (retry !== null) delay = retry;
+        return "retry";
       }
+      parser.feed(value);
     }
   }
 

@@ -94,8 +94,8 @@ export interface paths {
         };
         /**
          * List Attempts
-         * @description A job's attempts, newest first: the checkpoint each restored, the ones its restore passed over and why, and
-         *     the vertices it rescaled.
+         * @description A job's attempts, newest first: the checkpoint each restored, the ones its restore passed over and why, the
+         *     vertices it rescaled, and the current attempt's recovery phases (from the live metrics this replica holds).
          */
         get: operations["list_attempts"];
         put?: never;
@@ -485,6 +485,29 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/jobs/{job_id}/attempts/{attempt}/metrics/batch": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Report Subtask Metrics Batch
+         * @description The latest metrics of several subtasks of one attempt in one request (a host's relay sends its subtasks'
+         *     reports so), each kept as its own report would be, by its subtask and its own timestamp. 409 when the attempt
+         *     is no longer current or the job ended (for the whole batch); a report naming no subtask of the job gets its 404
+         *     in its item, and the others are kept.
+         */
+        post: operations["report_subtask_metrics_batch"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/jobs/{job_id}/metrics": {
         parameters: {
             query?: never;
@@ -674,6 +697,11 @@ export interface components {
              */
             restore_latest: boolean;
             /**
+             * Restore After Attempt
+             * @description Restore where this attempt (the job's current one) left off: the newest checkpoint it completed, else the checkpoint it restored (none: a fresh start), chosen while the new attempt opens, so retention cannot collect it first; not with restore_from_checkpoint. The plan's requested_checkpoint says which was chosen.
+             */
+            restore_after_attempt?: number | null;
+            /**
              * Parallelism
              * @description Rescale: new parallelism per vertex id (within its max_parallelism); state is redistributed.
              */
@@ -717,6 +745,11 @@ export interface components {
              */
             restored_is_savepoint: boolean;
             /**
+             * Reason
+             * @description Why it started, as its runtime said (a restart after a failure and what was lost, a rescale, a wait for task slots).
+             */
+            reason?: string | null;
+            /**
              * Fallbacks
              * @description Checkpoints its restore passed over, newest first, and why.
              */
@@ -732,6 +765,13 @@ export interface components {
              * @default true
              */
             recorded: boolean;
+            /**
+             * End Reason
+             * @description Why it ended: the reason the next attempt started with (the failure a restart followed, a rescale), or how the job ended for its last attempt; null while it runs or when nothing was said.
+             */
+            end_reason?: string | null;
+            /** @description The current attempt's recovery phases, from the live metrics its subtasks (and the previous attempt's) reported. Those are kept only in the memory of the coordinator replica that received them, for the current attempt: null for older attempts, and after a coordinator restart or on another replica until the subtasks report again (then detect, and the start of what ended before, may stay unknown). */
+            phases?: components["schemas"]["RecoveryPhases"] | null;
         };
         /** AttemptPage */
         AttemptPage: {
@@ -858,6 +898,11 @@ export interface components {
              * @description Incremental channel state: the segment's bytes as runs of this ack's own channel state and of earlier objects of the job; null: the segment is one run at offset.
              */
             parts?: components["schemas"]["SegmentPart"][] | null;
+            /**
+             * Codec
+             * @description The codec each buffer of the segment is compressed with (lz4: the LZ4 frame format); offset, length and parts count the compressed bytes. null: the buffers are stored as they travelled.
+             */
+            codec?: ("lz4" | "zstd") | null;
         };
         /** ChannelStateEntry */
         ChannelStateEntry: {
@@ -909,7 +954,9 @@ export interface components {
             status: components["schemas"]["CheckpointStatus"];
             /** Is Savepoint */
             is_savepoint: boolean;
+            /** @description What the coordinator decided: the barrier policy it triggered with (for the adaptive policy, the one it chose), unaligned once it switched an aligned_then_unaligned checkpoint; a savepoint is always aligned. What the subtasks did is `subtask_modes`. */
             checkpoint_type: components["schemas"]["CheckpointType"];
+            subtask_modes: components["schemas"]["SubtaskModes"];
             policy: components["schemas"]["BarrierPolicy"];
             /** Alignment Timeout */
             alignment_timeout: number | null;
@@ -931,6 +978,11 @@ export interface components {
             processed_data: number;
             /** Alignment Duration */
             alignment_duration: number | null;
+            /**
+             * Start Delay
+             * @description The longest start delay of its acks: from the trigger until a subtask's first barrier arrived. An aligned barrier waits behind the buffers queued in front of it, so under backpressure an aligned checkpoint's time goes here, not into alignment.
+             */
+            start_delay?: number | null;
             /** Num Subtasks */
             num_subtasks: number;
             /** Num Acknowledged Subtasks */
@@ -1045,14 +1097,29 @@ export interface components {
             completed: number;
             /**
              * Failed
-             * @description Aborted checkpoints, whatever the reason (Flink's count).
+             * @description Failed: aborted because they expired or a subtask declined them.
              */
             failed: number;
-            /** Savepoints */
+            /**
+             * Not Finished
+             * @description Not finished, not failures: aborted because the job ended or was cancelled, a new attempt started, or a newer checkpoint completed first. total = in_progress + completed + failed + not_finished.
+             * @default 0
+             */
+            not_finished: number;
+            /**
+             * Aborted
+             * @description failed + not_finished (Flink counts all of them as failed).
+             * @default 0
+             */
+            aborted: number;
+            /**
+             * Savepoints
+             * @description Of all of them, the savepoints.
+             */
             savepoints: number;
             /**
              * Interrupted
-             * @description Of the failed (aborted) ones, those aborted because the job ended or was cancelled, a new attempt started, or a newer checkpoint completed: not failures of the checkpoint itself.
+             * @description The same as not_finished (its former name).
              * @default 0
              */
             interrupted: number;
@@ -1068,7 +1135,9 @@ export interface components {
             status: components["schemas"]["CheckpointStatus"];
             /** Is Savepoint */
             is_savepoint: boolean;
+            /** @description What the coordinator decided: the barrier policy it triggered with (for the adaptive policy, the one it chose), unaligned once it switched an aligned_then_unaligned checkpoint; a savepoint is always aligned. What the subtasks did is `subtask_modes`. */
             checkpoint_type: components["schemas"]["CheckpointType"];
+            subtask_modes: components["schemas"]["SubtaskModes"];
             policy: components["schemas"]["BarrierPolicy"];
             /** Alignment Timeout */
             alignment_timeout: number | null;
@@ -1090,6 +1159,11 @@ export interface components {
             processed_data: number;
             /** Alignment Duration */
             alignment_duration: number | null;
+            /**
+             * Start Delay
+             * @description The longest start delay of its acks: from the trigger until a subtask's first barrier arrived. An aligned barrier waits behind the buffers queued in front of it, so under backpressure an aligned checkpoint's time goes here, not into alignment.
+             */
+            start_delay?: number | null;
             /** Num Subtasks */
             num_subtasks: number;
             /** Num Acknowledged Subtasks */
@@ -1133,6 +1207,11 @@ export interface components {
              */
             pending_subtasks: string[];
             /**
+             * Never Acked Subtasks
+             * @description 'vertex[index]' of the subtasks that never acked a checkpoint that failed (expired or declined): for an expired one, the subtasks it waited for.
+             */
+            never_acked_subtasks?: string[];
+            /**
              * Vertices
              * @description Per vertex, in graph order: min/avg/max of each field across subtasks.
              */
@@ -1168,6 +1247,9 @@ export interface components {
         };
         /**
          * CheckpointType
+         * @description What the coordinator decided for a checkpoint: its barrier policy (for the adaptive policy, what it chose);
+         *     `aligned_then_unaligned` is aligned until the coordinator switched it to unaligned at its alignment timeout.
+         *     What each subtask did is `Checkpoint.subtask_modes`.
          * @enum {string}
          */
         CheckpointType: "aligned" | "unaligned" | "savepoint";
@@ -1361,7 +1443,7 @@ export interface components {
             num_completed: number;
             /**
              * Num Failed
-             * @description Aborted checkpoints, whatever the reason (see num_interrupted).
+             * @description Failed checkpoints: aborted because they expired or a subtask declined them.
              * @default 0
              */
             num_failed: number;
@@ -1371,8 +1453,14 @@ export interface components {
              */
             num_in_progress: number;
             /**
+             * Num Not Finished
+             * @description Not finished, not failures: aborted because the job ended or was cancelled, a new attempt started, or a newer checkpoint completed first. num_failed + num_not_finished are the aborted ones.
+             * @default 0
+             */
+            num_not_finished: number;
+            /**
              * Num Interrupted
-             * @description Of the aborted checkpoints, those that did not fail: the job ended or was cancelled, a new attempt started, or a newer checkpoint subsumed them.
+             * @description The same as num_not_finished (its former name).
              * @default 0
              */
             num_interrupted: number;
@@ -1457,6 +1545,7 @@ export interface components {
         LatestCheckpoints: {
             completed?: components["schemas"]["Checkpoint"] | null;
             savepoint?: components["schemas"]["Checkpoint"] | null;
+            /** @description The latest failed one (expired or declined). */
             failed?: components["schemas"]["Checkpoint"] | null;
         };
         /** MinMaxAvg */
@@ -1530,7 +1619,7 @@ export interface components {
             buffer: number;
             /**
              * Size
-             * @description Size of the record's pickle bytes.
+             * @description Size of the record's bytes (a pickle, or an Arrow IPC stream on a batch edge).
              */
             size: number;
             /**
@@ -1553,6 +1642,43 @@ export interface components {
              * @description The first bytes, in hex, when the record was not decoded.
              */
             hex?: string | null;
+        };
+        /**
+         * RecoveryPhases
+         * @description How long each phase of an attempt's recovery took (ms), as far as this coordinator knows; a phase it does not
+         *     know is null. Measured with the coordinator's clock and the executors' (the subtasks' reports).
+         */
+        RecoveryPhases: {
+            /**
+             * Detect Ms
+             * @description From the previous attempt's last live-metrics report to this attempt's start: noticing the failure and opening a new attempt (up to a report interval, about a second, longer than it was). Null when no report of the previous attempt was received, or its last came after this attempt started.
+             */
+            detect_ms?: number | null;
+            /**
+             * Relaunch Ms
+             * @description From this attempt's start to the first of its restored subtasks' loops running: launching the tasks, and that subtask's restore.
+             */
+            relaunch_ms?: number | null;
+            /**
+             * Restore Ms
+             * @description The longest time a subtask spent fetching and loading its state before its loop ran.
+             */
+            restore_ms?: number | null;
+            /**
+             * Replay Ms
+             * @description From the first restored subtask's loop running to the last subtask's replay finished; null until every subtask of the attempt reported the end of its replay.
+             */
+            replay_ms?: number | null;
+            /**
+             * Replaying
+             * @description Restored subtasks whose latest report says they still replay.
+             */
+            replaying?: number | null;
+            /**
+             * Replay Finished At
+             * @description When the last subtask's replay finished (ms since the epoch).
+             */
+            replay_finished_at?: number | null;
         };
         /** RestorePlan */
         RestorePlan: {
@@ -1622,6 +1748,11 @@ export interface components {
              * @description Incremental channel state: the segment's bytes as runs of this ack's own channel state and of earlier objects of the job; null: the segment is one run at offset.
              */
             parts?: components["schemas"]["SegmentPart"][] | null;
+            /**
+             * Codec
+             * @description The codec each buffer of the segment is compressed with (lz4: the LZ4 frame format); offset, length and parts count the compressed bytes. null: the buffers are stored as they travelled.
+             */
+            codec?: ("lz4" | "zstd") | null;
             /**
              * Blob Id
              * @description The blob of the subtask's own channel state; null when every part of the segment lies in blobs of earlier checkpoints (each part names its blob).
@@ -1775,6 +1906,27 @@ export interface components {
                 [key: string]: unknown;
             };
         };
+        /**
+         * SplitLiveMetrics
+         * @description One split (a Kafka partition, a file, a stream) of a source subtask, as the subtask last read it.
+         */
+        SplitLiveMetrics: {
+            /**
+             * Split
+             * @description The split's id, e.g. 'orders-3' (topic-partition) or a file.
+             */
+            split: string;
+            /**
+             * Position
+             * @description Where the subtask stands in the split, shortened for reading (a Kafka offset, a byte or row position); null before its first read.
+             */
+            position?: string | null;
+            /**
+             * Lag
+             * @description How far the position trails the split's end: records behind a Kafka partition's high watermark, bytes or rows left of a file, 0 once the split ended; null when the source does not know.
+             */
+            lag?: number | null;
+        };
         /** SubtaskLiveMetrics */
         SubtaskLiveMetrics: {
             /** Vertex */
@@ -1839,6 +1991,65 @@ export interface components {
              * @description Every input of the subtask (every partition of a source) is idle: its watermark holds nothing downstream back, and the vertex's low watermark leaves it out.
              */
             watermark_idle?: boolean | null;
+            /**
+             * Splits
+             * @description A source subtask's splits (at most 100, by id) with their positions and lag; null for other subtasks.
+             */
+            splits?: components["schemas"]["SplitLiveMetrics"][] | null;
+            /**
+             * Splits More
+             * @description How many more splits the subtask reads than `splits` lists.
+             */
+            splits_more?: number | null;
+            /** @description A subtask restored from a checkpoint: what it restored and its replay; null after a fresh start. */
+            recovery?: components["schemas"]["SubtaskRecovery"] | null;
+        };
+        /**
+         * SubtaskMetricsBatch
+         * @description The latest reports of several subtasks of one attempt, as a host's relay gathers them: each keeps its own
+         *     subtask and measuring time, so batching changes neither whose figures they are nor when they were taken.
+         */
+        SubtaskMetricsBatch: {
+            /** Reports */
+            reports: components["schemas"]["SubtaskMetricsBatchItem"][];
+        };
+        /**
+         * SubtaskMetricsBatchItem
+         * @description One subtask's report in a batch: who measured it, when, and what.
+         */
+        SubtaskMetricsBatchItem: {
+            /** Vertex */
+            vertex: string;
+            /** Subtask Index */
+            subtask_index: number;
+            /**
+             * Timestamp
+             * @description When the subtask measured them (ms since the epoch).
+             */
+            timestamp: number;
+            metrics: components["schemas"]["SubtaskMetrics"];
+        };
+        /** SubtaskMetricsBatchOutcome */
+        SubtaskMetricsBatchOutcome: {
+            /** Vertex */
+            vertex: string;
+            /** Subtask Index */
+            subtask_index: number;
+            /**
+             * Status Code
+             * @description 204 when kept (or older than the kept one), else the error's status.
+             */
+            status_code: number;
+            /** Error */
+            error?: string | null;
+        };
+        /** SubtaskMetricsBatchResult */
+        SubtaskMetricsBatchResult: {
+            /**
+             * Items
+             * @description One per report, in the request's order.
+             */
+            items: components["schemas"]["SubtaskMetricsBatchOutcome"][];
         };
         /**
          * SubtaskMetricsReport
@@ -1851,6 +2062,74 @@ export interface components {
              */
             timestamp: number;
             metrics: components["schemas"]["SubtaskMetrics"];
+        };
+        /**
+         * SubtaskModes
+         * @description How the acked subtasks took a checkpoint: the three counts add up to the acked subtasks.
+         */
+        SubtaskModes: {
+            /**
+             * Unaligned
+             * @description Acked subtasks that took it unaligned.
+             */
+            unaligned: number;
+            /**
+             * Aligned
+             * @description Acked subtasks that took it aligned as their barriers asked.
+             */
+            aligned: number;
+            /**
+             * Aligned Over Budget
+             * @description Acked subtasks that took it aligned because going unaligned would have passed the in-flight budget (over_inflight_budget=aligned).
+             */
+            aligned_over_budget: number;
+        };
+        /**
+         * SubtaskRecovery
+         * @description How far a subtask restored from a checkpoint has come: the in-flight data it restored and has replayed, and
+         *     when its replay finished. A restored subtask sends it with every metrics report of its attempt.
+         */
+        SubtaskRecovery: {
+            /**
+             * Restored Checkpoint Id
+             * @description The checkpoint restored.
+             */
+            restored_checkpoint_id?: number | null;
+            /**
+             * Restored Bytes
+             * @description Bytes of channel state (input and output) the subtask queued to replay: what replayed_bytes counts up to. After a rescale it is what this subtask kept of the segments it read.
+             */
+            restored_bytes?: number | null;
+            /**
+             * Restored Buffers
+             * @description Buffers of channel state queued to replay (records are not counted).
+             */
+            restored_buffers?: number | null;
+            /**
+             * Replayed Bytes
+             * @description Of restored_bytes, those replayed so far: recovered input the loop took, recovered output sent.
+             */
+            replayed_bytes?: number | null;
+            /**
+             * Replay Finished At
+             * @description When the subtask's replay finished (ms since the epoch): its recovered input taken, every upstream's re-sent output received, its recovered output sent. Null while it replays.
+             */
+            replay_finished_at?: number | null;
+            /**
+             * Restore Ms
+             * @description Time the task spent fetching and loading its state (operator and channel state) before its loop ran.
+             */
+            restore_ms?: number | null;
+            /**
+             * Started At
+             * @description When the subtask's task started (ms since the epoch).
+             */
+            started_at?: number | null;
+            /**
+             * Loop Started At
+             * @description When the subtask's loop started running, after its restore and connecting its channels (ms since the epoch).
+             */
+            loop_started_at?: number | null;
         };
         /** SubtaskRestore */
         SubtaskRestore: {
@@ -1883,7 +2162,7 @@ export interface components {
             } | null;
             /**
              * Source Positions
-             * @description A rescaled source vertex: every old source subtask's offsets; each new subtask takes the splits (partitions, files, streams) it owns at the new parallelism, so every input is read once.
+             * @description Every old source subtask's offsets (split positions are union state): each new subtask takes the splits (partitions, files, streams) it owns at its parallelism, so every input is read once.
              */
             source_positions?: components["schemas"]["SourcePosition"][];
             /**
@@ -1918,6 +2197,12 @@ export interface components {
             persisted_data: number;
             /** Unaligned */
             unaligned: boolean;
+            /**
+             * Aligned Over Budget
+             * @description Took it aligned because unaligned would have passed the in-flight budget.
+             * @default false
+             */
+            aligned_over_budget: boolean;
             operator_state?: components["schemas"]["BlobRef"] | null;
             channel_state?: components["schemas"]["BlobRef"] | null;
             /** Source Offsets */
@@ -1986,6 +2271,12 @@ export interface components {
              * @description Acked subtasks that took the checkpoint unaligned.
              */
             num_unaligned: number;
+            /**
+             * Num Aligned Over Budget
+             * @description Acked subtasks that took it aligned because unaligned would have passed the budget.
+             * @default 0
+             */
+            num_aligned_over_budget: number;
             /** Latest Ack Timestamp */
             latest_ack_timestamp: number | null;
             end_to_end_duration: components["schemas"]["MinMaxAvg"];
@@ -2032,6 +2323,22 @@ export interface components {
              * @description The largest watermark lag of the subtasks the low watermark is taken over.
              */
             watermark_lag_max_ms?: number | null;
+            /**
+             * Replaying
+             * @description Reporting subtasks restored from a checkpoint whose replay has not finished.
+             * @default 0
+             */
+            replaying: number;
+            /**
+             * Restored Bytes
+             * @description Sum of the reporting subtasks' recovery.restored_bytes (null: none restored).
+             */
+            restored_bytes?: number | null;
+            /**
+             * Replayed Bytes
+             * @description Sum of the reporting subtasks' recovery.replayed_bytes (null: none restored).
+             */
+            replayed_bytes?: number | null;
             /** Subtasks */
             subtasks: components["schemas"]["SubtaskLiveMetrics"][];
         };
@@ -2108,9 +2415,22 @@ export interface components {
             persisted_data: number;
             /**
              * Unaligned
+             * @description The subtask took the checkpoint unaligned.
              * @default false
              */
             unaligned: boolean;
+            /**
+             * Aligned Over Budget
+             * @description The subtask took the checkpoint aligned because going unaligned would have passed the checkpoint's in-flight budget (over_inflight_budget=aligned); `unaligned` is false then.
+             * @default false
+             */
+            aligned_over_budget: boolean;
+            /**
+             * Ack Timestamp
+             * @description When the subtask's part was durable and it sent its ack (ms since the epoch). An ack relayed with others keeps its own time; the coordinator records it clamped into [the checkpoint's trigger time, the ack's arrival] (clocks differ), and the arrival when it is absent.
+             * @default null
+             */
+            ack_timestamp: number | null;
         };
         /**
          * WrittenState
@@ -3421,6 +3741,51 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content?: never;
+            };
+            /** @description Invalid request: the message names the problem. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Refused: not found, conflict, unauthorized, forbidden, too large. */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    report_subtask_metrics_batch: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                job_id: number;
+                attempt: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SubtaskMetricsBatch"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SubtaskMetricsBatchResult"];
+                };
             };
             /** @description Invalid request: the message names the problem. */
             422: {

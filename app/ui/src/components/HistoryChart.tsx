@@ -1,5 +1,6 @@
 // End-to-end duration and persisted in-flight bytes over the checkpoint history; aligned and unaligned told apart.
-// The scale follows the steady checkpoints: a warm-up checkpoint above it is drawn clipped, with its real value.
+// The scale follows the steady checkpoints: a warm-up checkpoint or a savepoint above it is drawn clipped, with its
+// real value.
 import { interrupted, type Checkpoint } from "../api/client";
 import { bytes, ms } from "../format";
 import { steadyMax } from "../warmup";
@@ -132,8 +133,8 @@ export function HistoryChart({
         ))}
         {clippedAny && (
           <span class="muted">
-            ▲ above the scale: warm-up checkpoints (up to each attempt's first completed one) do not set it; hover for
-            the value
+            ▲ above the scale: warm-up checkpoints (up to each attempt's first completed one) and savepoints do not
+            set it; hover for the value
           </span>
         )}
       </figcaption>

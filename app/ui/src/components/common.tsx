@@ -1,7 +1,7 @@
 // Shared pieces of the pages: data loading, errors (with the admin-token form), the token dialog, pager, badges.
 import type { ComponentChildren } from "preact";
 import { useCallback, useEffect, useRef, useState } from "preact/hooks";
-import { ApiError, getToken, setToken } from "../api/client";
+import { ApiError, getToken, setToken, type SubtaskModes as SubtaskModesCounts } from "../api/client";
 
 export type Loaded<T> = { data: T | null; error: ApiError | null; loading: boolean; reload: () => void };
 
@@ -159,7 +159,24 @@ export function Status({ value }: { value: string }) {
 }
 
 export function TypeBadge({ value }: { value: string }) {
-  return <span class={`badge type-${value}`}>{value}</span>;
+  return (
+    <span class={`badge type-${value}`} title="what the coordinator decided for this checkpoint">
+      {value}
+    </span>
+  );
+}
+
+/** What the acked subtasks did, beside the type the coordinator decided: "3 unaligned · 1 aligned over budget". */
+export function SubtaskModes({ modes }: { modes: SubtaskModesCounts }) {
+  const parts: string[] = [];
+  if (modes.unaligned) parts.push(`${modes.unaligned} unaligned`);
+  if (modes.aligned) parts.push(`${modes.aligned} aligned`);
+  if (modes.aligned_over_budget) parts.push(`${modes.aligned_over_budget} aligned over the in-flight budget`);
+  return (
+    <span class="subtask-modes muted" title="what the acknowledged subtasks did">
+      {parts.length ? parts.join(" · ") : "no subtask acknowledged"}
+    </span>
+  );
 }
 
 export function Empty({ children }: { children: ComponentChildren }) {
@@ -199,13 +216,19 @@ export function Link({ href, children, class: cls }: { href: string; children: C
 }
 
 /** Ask to confirm an action that cannot be undone; resolves true when confirmed. */
-export function confirmAction(title: string, message: string, confirmLabel: string): Promise<boolean> {
+/** Ask to confirm an action; `destructive` (it cannot be undone) makes the confirming button red. */
+export function confirmAction(
+  title: string,
+  message: string,
+  confirmLabel: string,
+  destructive = false,
+): Promise<boolean> {
   return new Promise((resolve) => {
     const dialog = document.createElement("dialog");
     dialog.className = "confirm-dialog";
     dialog.innerHTML = `<form method="dialog"><h3></h3><p></p>
       <div class="actions"><button value="cancel">Keep running</button>
-      <button value="ok" class="primary danger-confirm"></button></div></form>`;
+      <button value="ok" class="primary${destructive ? " destructive" : ""}"></button></div></form>`;
     (dialog.querySelector("h3") as HTMLElement).textContent = title;
     (dialog.querySelector("p") as HTMLElement).textContent = message;
     (dialog.querySelector("button[value=ok]") as HTMLElement).textContent = confirmLabel;

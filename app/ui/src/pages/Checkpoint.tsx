@@ -3,7 +3,7 @@
 import { useEffect, useState } from "preact/hooks";
 import { api, call, interrupted, type MinMaxAvg, type SubtaskStats, type VertexCheckpointSummary } from "../api/client";
 import { AckTimeline } from "../components/AckTimeline";
-import { Empty, ErrorView, Link, Pager, StaleBanner, Status, TypeBadge, useData } from "../components/common";
+import { Empty, ErrorView, Link, Pager, StaleBanner, Status, SubtaskModes, TypeBadge, useData } from "../components/common";
 import { bytes, ms, percentile, time } from "../format";
 
 const HIGHLIGHT = 3;
@@ -99,7 +99,8 @@ export function CheckpointPage({ jobId, cpId }: { jobId: number; cpId: number })
         <h1>
           {cp.is_savepoint ? "Savepoint" : "Checkpoint"} #{cp.id}{" "}
           {interrupted(cp) ? <span class="badge status-interrupted">NOT FINISHED</span> : <Status value={cp.status} />}{" "}
-          <TypeBadge value={cp.is_savepoint ? "savepoint" : cp.checkpoint_type} />
+          <TypeBadge value={cp.is_savepoint ? "savepoint" : cp.checkpoint_type} />{" "}
+          <SubtaskModes modes={cp.subtask_modes} />
         </h1>
         <div class="actions">
           <Link class="button" href={`/jobs/${jobId}/checkpoints/${cp.id}/in-flight`}>
@@ -124,6 +125,12 @@ export function CheckpointPage({ jobId, cpId }: { jobId: number; cpId: number })
             " (the coordinator recorded no reason)"
           )}
           . {cp.num_acknowledged_subtasks} of {cp.num_subtasks} subtasks had acknowledged it; their state was deleted.
+          {cp.never_acked_subtasks && cp.never_acked_subtasks.length > 0 && (
+            <div class="never-acked">
+              Never acknowledged ({cp.never_acked_subtasks.length}): {cp.never_acked_subtasks.slice(0, 40).join(", ")}
+              {cp.never_acked_subtasks.length > 40 ? " …" : ""}
+            </div>
+          )}
         </div>
       )}
       <dl class="facts">
@@ -145,6 +152,15 @@ export function CheckpointPage({ jobId, cpId }: { jobId: number; cpId: number })
         <dd>{time(cp.status === "ABORTED" ? cp.failure_timestamp : cp.completed_timestamp)}</dd>
         <dt>end to end</dt>
         <dd>{ms(cp.end_to_end_duration)}</dd>
+        <dt>alignment, longest</dt>
+        <dd>{ms(cp.alignment_duration)}</dd>
+        <dt>start delay, longest</dt>
+        <dd class="start-delay">
+          {ms(cp.start_delay)}
+          {cp.checkpoint_type === "aligned" || cp.is_savepoint ? (
+            <span class="muted"> (an aligned barrier's wait behind the buffers queued in front of it)</span>
+          ) : null}
+        </dd>
         <dt>switched to unaligned</dt>
         <dd>
           {cp.switched_to_unaligned_timestamp
@@ -206,7 +222,7 @@ export function CheckpointPage({ jobId, cpId }: { jobId: number; cpId: number })
                 {th("state_size", "State size")}
                 {th("processed_data", "Processed")}
                 {th("persisted_data", "Persisted (in-flight)")}
-                {th("unaligned", "Unaligned", false)}
+                {th("unaligned", "Took it", false)}
               </tr>
             </thead>
             <tbody>
@@ -231,7 +247,9 @@ export function CheckpointPage({ jobId, cpId }: { jobId: number; cpId: number })
                     <td class="num">{bytes(s.state_size)}</td>
                     <td class="num">{bytes(s.processed_data)}</td>
                     <td class="num">{bytes(s.persisted_data)}</td>
-                    <td>{s.unaligned ? "yes" : "no"}</td>
+                    <td class="took">
+                      {s.unaligned ? "unaligned" : s.aligned_over_budget ? "aligned (over the in-flight budget)" : "aligned"}
+                    </td>
                   </tr>
                 );
               })}
@@ -301,6 +319,9 @@ function VertexSummary({ vertices }: { vertices: VertexCheckpointSummary[] }) {
                 <td rowSpan={STATS.length}>
                   {v.num_acknowledged_subtasks}/{v.parallelism}
                   {v.num_unaligned ? <div class="muted">{v.num_unaligned} unaligned</div> : null}
+                  {v.num_aligned_over_budget ? (
+                    <div class="muted">{v.num_aligned_over_budget} aligned over budget</div>
+                  ) : null}
                 </td>
               )}
               <td class="stat">{label}</td>

@@ -1,5 +1,7 @@
 // In-flight data of a checkpoint: its channel-state segments by channel, and a preview of a segment's records.
 import { useEffect, useRef, useState } from "preact/hooks";
+// The length written before each buffer of a channel-state segment (contract/channel_state.py, FRAME).
+const FRAME_BYTES = 4;
 import { api, call, type ChannelSegment, type SegmentPreview } from "../api/client";
 import { Empty, ErrorView, Link, useData } from "../components/common";
 import { bytes, count, time } from "../format";
@@ -45,6 +47,10 @@ export function InFlightPage({ jobId, cpId }: { jobId: number; cpId: number }) {
       a.segment.channel.localeCompare(b.segment.channel) || a.segment.direction.localeCompare(b.segment.direction),
   );
   const total = rows.reduce((a, r) => a + r.segment.length, 0);
+  // the checkpoint counts the buffers' bytes; a segment stores each buffer after its 4-byte length (the channel-state
+  // format's frame), so both figures are said: the first is the one the checkpoint's pages show
+  const buffers = rows.reduce((a, r) => a + r.segment.buffer_count, 0);
+  const payload = total - FRAME_BYTES * buffers;
   const records = rows.reduce((a, r) => a + r.segment.record_count, 0);
   const largest = Math.max(1, ...rows.map((r) => r.segment.length));
   const m = manifest.data;
@@ -75,8 +81,9 @@ export function InFlightPage({ jobId, cpId }: { jobId: number; cpId: number }) {
       ) : (
         <>
           <p class="muted">
-            {rows.length} segment(s) of {manifest.data.entries.length} subtask(s): {bytes(total)}, {count(records)}{" "}
-            record(s).
+            {rows.length} segment(s) of {manifest.data.entries.length} subtask(s):{" "}
+            <span class="inflight-payload">{bytes(payload)}</span> in {count(buffers)} buffer(s) ({bytes(total)} stored,
+            with each buffer's 4-byte length), {count(records)} record(s).
           </p>
           <table class="data segments">
             <thead>

@@ -10,6 +10,8 @@ import {
   interrupted,
   type AttemptInfo,
   type Checkpoint,
+  type CheckpointStatistics,
+  type MinMaxAvg,
   type OvertakeEvent,
   type VertexLiveMetrics,
 } from "../api/client";
@@ -21,6 +23,7 @@ import {
   Pager,
   StaleBanner,
   Status,
+  SubtaskModes,
   TypeBadge,
   askToken,
   confirmAction,
@@ -29,6 +32,7 @@ import {
 import { GraphView } from "../components/GraphView";
 import { HistoryChart } from "../components/HistoryChart";
 import { LiveSubtasks } from "../components/LiveSubtasks";
+import { SourceSplits } from "../components/SourceSplits";
 import { age, bytes, count, ms, percentile, time } from "../format";
 import { warmUp } from "../warmup";
 
@@ -92,7 +96,8 @@ export function JobPage({ jobId }: { jobId: number }) {
   const [stream, setStream] = useState<StreamState | "ended">("connecting");
   const [streamKey, setStreamKey] = useState(0); // bumped to reconnect, e.g. after a token was entered
   const [events, setEvents] = useState<OvertakeEvent[]>([]);
-  const [notice, setNotice] = useState<{ kind: "ok" | "bad"; text: string } | null>(null);
+  // `whileRunning`: the notice speaks of what the running job will do ("stops once it completes")
+  const [notice, setNotice] = useState<{ kind: "ok" | "bad"; text: string; whileRunning?: boolean } | null>(null);
   const reloadAll = useRef<() => void>(() => {});
   reloadAll.current = () => {
     job.reload();
@@ -101,6 +106,20 @@ export function JobPage({ jobId }: { jobId: number }) {
     history.reload();
     attempts.reload();
   };
+  // When the job's status changes (it ended, say), everything else is read again: the event that ended it may have
+  // stopped the event stream before its refresh ran, leaving the counts and tables one checkpoint behind the job.
+  const seenStatus = useRef(status);
+  useEffect(() => {
+    const before = seenStatus.current;
+    seenStatus.current = status;
+    if (before === undefined || status === undefined || before === status) return;
+    stats.reload();
+    chart.reload();
+    history.reload();
+    attempts.reload();
+    if (!ACTIVE_STATUSES.includes(status))
+      setNotice((n) => (n?.whileRunning ? { kind: "ok", text: `The job ended: it is ${status}.` } : n));
+  }, [status]);
 
   useEffect(() => {
     if (running === undefined) return;
@@ -172,11 +191,11 @@ export function JobPage({ jobId }: { jobId: number }) {
     }
   }
 
-  async function act(what: string, run: () => Promise<string | null>) {
+  async function act(what: string, run: () => Promise<string | null>, whileRunning = false) {
     setNotice(null);
     try {
       const text = await withToken(what, run);
-      if (text) setNotice({ kind: "ok", text });
+      if (text) setNotice({ kind: "ok", text, whileRunning });
       reloadAll.current();
     } catch (e) {
       setNotice({ kind: "bad", text: e instanceof ApiError ? e.message : String(e) });
@@ -202,7 +221,7 @@ export function JobPage({ jobId }: { jobId: number }) {
     await act("Stopping with a savepoint", async () => {
       const cp = await call(api.POST("/api/v1/jobs/{job_id}/savepoints", { params: { path }, body: { stop: true } }));
       return `Savepoint #${cp.id} triggered; the job stops once it completes.`;
-    });
+    }, true);
   }
 
   async function cancelJob() {
@@ -211,6 +230,7 @@ export function JobPage({ jobId }: { jobId: number }) {
       "Its pending checkpoints are aborted and its subtasks stop. A cancelled job cannot be started again; its " +
         "completed checkpoints and savepoints stay readable.",
       "Cancel job",
+      true,
     );
     if (!ok) return;
     await act("Cancelling the job", async () => {
@@ -245,8 +265,8 @@ export function JobPage({ jobId }: { jobId: number }) {
   const s = stats.data;
   const active = ACTIVE_STATUSES.includes(j.status);
   const hasAttempt = j.current_attempt !== null && j.current_attempt !== undefined;
-  const failures = s ? s.counts.failed - (s.counts.interrupted ?? 0) : j.num_failed - (j.num_interrupted ?? 0);
-  const cut = s?.counts.interrupted ?? j.num_interrupted ?? 0;
+  const failures = s ? s.counts.failed : j.num_failed;
+  const cut = s ? (s.counts.not_finished ?? 0) : (j.num_not_finished ?? 0);
   const chartItems = chart.data ? [...chart.data.items].reverse() : [];
   return (
     <section>
@@ -292,7 +312,18 @@ export function JobPage({ jobId }: { jobId: number }) {
           {notice.text}
         </div>
       )}
-      {j.status_message && <p class="muted status-message">{j.status_message}</p>}
+      {j.status_message && (
+        <p class="muted status-message">
+          <strong class="status-label">
+            {!active
+              ? `Why it ended (${j.status}):`
+              : (j.current_attempt ?? 0) > 1
+                ? `Why attempt ${j.current_attempt} started (the job restarted):`
+                : "Status:"}
+          </strong>{" "}
+          <code>{j.status_message}</code>
+        </p>
+      )}
       {!active && (
         <p class="muted ended-note">
           The job is {j.status}: it takes no more checkpoints. Its history and completed checkpoints stay here.
@@ -310,7 +341,7 @@ export function JobPage({ jobId }: { jobId: number }) {
           label="Failed"
           value={count(failures)}
           bad={failures > 0}
-          sub={cut ? `+ ${count(cut)} not finished (job ended, restart, subsumed)` : undefined}
+          sub={cut ? `+ ${count(cut)} not finished (the job ended or restarted, or a newer one completed)` : undefined}
         />
         <Card label="In progress" value={count(s?.counts.in_progress ?? j.num_in_progress)} />
         <Card label="Savepoints" value={count(s?.counts.savepoints ?? 0)} />
@@ -374,6 +405,7 @@ export function JobPage({ jobId }: { jobId: number }) {
           <LiveSubtasks live={live} />
         </div>
       )}
+      {active && live && <SourceSplits live={live} />}
 
       {attempts.data && attempts.data.items.length > 0 && (
         <div class="panel">
@@ -410,6 +442,8 @@ export function JobPage({ jobId }: { jobId: number }) {
             </p>
           </Empty>
         ) : null}
+        <AdaptiveCount items={chartItems} />
+        {s && s.counts.completed > 0 && <JobSummary summary={s.summary} completed={s.counts.completed} />}
       </div>
 
       <div class="panel">
@@ -498,6 +532,79 @@ function SteadyTile({ items, complete }: { items: Checkpoint[]; complete: boolea
   );
 }
 
+/** How often the adaptive policy chose each barrier policy among the charted checkpoints. */
+function AdaptiveCount({ items }: { items: Checkpoint[] }) {
+  const chosen = new Map<string, number>();
+  for (const c of items) if (c.decision) chosen.set(c.decision.chosen, (chosen.get(c.decision.chosen) ?? 0) + 1);
+  if (chosen.size === 0) return null;
+  const decided = [...chosen.values()].reduce((a, b) => a + b, 0);
+  return (
+    <p class="adaptive-count">
+      The adaptive policy decided {decided} of these {items.length} checkpoints:{" "}
+      {[...chosen.entries()].map(([policy, n]) => `${n} ${policy}`).join(", ")}.
+    </p>
+  );
+}
+
+/** Min / avg / max of the job's completed checkpoints, as `overtake checkpoints stats` prints them. */
+function JobSummary({ summary, completed }: { summary: CheckpointStatistics["summary"]; completed: number }) {
+  const rows: [string, MinMaxAvg, (v: number | null | undefined) => string][] = [
+    ["End to end", summary.end_to_end_duration, ms],
+    ["Checkpointed size", summary.state_size, bytes],
+    ["Persisted in-flight", summary.persisted_data, bytes],
+    ["Processed", summary.processed_data, bytes],
+    ["Alignment", summary.alignment_duration, ms],
+  ];
+  return (
+    <table class="data job-summary">
+      <caption>
+        {count(completed)} completed checkpoint{completed === 1 ? "" : "s"} (savepoints and warm-up included)
+      </caption>
+      <thead>
+        <tr>
+          <th />
+          <th class="num">min</th>
+          <th class="num">avg</th>
+          <th class="num">max</th>
+        </tr>
+      </thead>
+      <tbody>
+        {rows.map(([label, mma, fmt]) => (
+          <tr data-figure={label}>
+            <td>{label}</td>
+            <td class="num">{fmt(mma.min)}</td>
+            <td class="num">{fmt(mma.avg)}</td>
+            <td class="num">{fmt(mma.max)}</td>
+          </tr>
+        ))}
+      </tbody>
+    </table>
+  );
+}
+
+/** An attempt's recovery phases; what the coordinator does not know is left out. */
+function Phases({ phases }: { phases: AttemptInfo["phases"] }) {
+  if (!phases) return <>–</>;
+  const parts: [string, number | null | undefined][] = [
+    ["detect", phases.detect_ms],
+    ["relaunch", phases.relaunch_ms],
+    ["restore", phases.restore_ms],
+    ["replay", phases.replay_ms],
+  ];
+  return (
+    <>
+      {parts
+        .filter(([, v]) => v !== null && v !== undefined)
+        .map(([name, v]) => (
+          <div data-phase={name}>
+            {name} {ms(v)}
+          </div>
+        ))}
+      {phases.replaying ? <div class="replaying">{phases.replaying} subtasks replaying</div> : null}
+    </>
+  );
+}
+
 function AttemptsTable({
   jobId,
   items,
@@ -517,6 +624,10 @@ function AttemptsTable({
           <th>Restored from</th>
           <th>Passed over</th>
           <th>Rescaled</th>
+          <th title="the current attempt's recovery: noticing the failure, launching the tasks, the longest restore, replaying in-flight data">
+            Recovery
+          </th>
+          <th>Why it ended</th>
         </tr>
       </thead>
       <tbody>
@@ -560,6 +671,18 @@ function AttemptsTable({
                   ))
                 : "–"}
             </td>
+            <td class="phases">
+              <Phases phases={a.phases} />
+            </td>
+            <td class="end-reason">
+              {a.end_reason ? (
+                <code>{a.end_reason}</code>
+              ) : a.ended_at ? (
+                <span class="muted">not said</span>
+              ) : (
+                <span class="muted">running</span>
+              )}
+            </td>
           </tr>
         ))}
       </tbody>
@@ -583,6 +706,12 @@ function HistoryTable({ jobId, items }: { jobId: number; items: Checkpoint[] }) 
           <th class="num">Processed</th>
           <th class="num">Persisted (in-flight)</th>
           <th class="num">Alignment</th>
+          <th
+            class="num"
+            title="trigger to a subtask's first barrier (the longest): an aligned barrier's wait behind queued buffers"
+          >
+            Start delay
+          </th>
           <th class="num">Acknowledged</th>
           <th>Note</th>
         </tr>
@@ -610,6 +739,9 @@ function HistoryTable({ jobId, items }: { jobId: number; items: Checkpoint[] }) 
             </td>
             <td>
               <TypeBadge value={c.is_savepoint ? "savepoint" : c.checkpoint_type} />
+              <div>
+                <SubtaskModes modes={c.subtask_modes} />
+              </div>
             </td>
             <td>{time(c.trigger_timestamp)}</td>
             <td>{time(c.latest_ack_timestamp)}</td>
@@ -624,10 +756,16 @@ function HistoryTable({ jobId, items }: { jobId: number; items: Checkpoint[] }) 
               )}
             </td>
             <td class="num">{ms(c.alignment_duration)}</td>
+            <td class="num start-delay">{ms(c.start_delay)}</td>
             <td class="num">
               {c.num_acknowledged_subtasks}/{c.num_subtasks}
             </td>
             <td class="note">
+              {c.decision ? (
+                <div class="decision-note">
+                  adaptive chose {c.decision.chosen}: {c.decision.reason}
+                </div>
+              ) : null}
               {c.failure_reason ??
                 (c.discarded
                   ? "state deleted (retention)"

@@ -1,8 +1,9 @@
-// Jobs: name, status, current attempt, latest completed checkpoint and its age, checkpoint counts.
+// Jobs: name, status, policy, when created and for how long, current attempt, latest completed checkpoint and its
+// age, checkpoint counts.
 import { useEffect, useState } from "preact/hooks";
-import { api, call } from "../api/client";
+import { ACTIVE_STATUSES, api, call } from "../api/client";
 import { Empty, ErrorView, Link, Pager, StaleBanner, Status, useData } from "../components/common";
-import { age } from "../format";
+import { age, ms, time } from "../format";
 
 const LIMIT = 50;
 
@@ -37,6 +38,9 @@ export function JobsPage() {
               <tr>
                 <th>Job</th>
                 <th>Status</th>
+                <th>Policy</th>
+                <th>Created</th>
+                <th class="num">Duration</th>
                 <th class="num">Attempt</th>
                 <th>Latest completed checkpoint</th>
                 <th class="num">Completed</th>
@@ -53,6 +57,11 @@ export function JobsPage() {
                   <td>
                     <Status value={j.status} />
                   </td>
+                  <td class="policy">{j.checkpoint.policy}</td>
+                  <td>{time(j.created_at)}</td>
+                  <td class="num duration" title={ACTIVE_STATUSES.includes(j.status) ? "so far" : "until it ended"}>
+                    {ms((ACTIVE_STATUSES.includes(j.status) ? Date.now() : j.updated_at) - j.created_at)}
+                  </td>
                   <td class="num">{j.current_attempt ?? "–"}</td>
                   <td>
                     {j.latest_completed_checkpoint_id ? (
@@ -68,14 +77,14 @@ export function JobsPage() {
                   </td>
                   <td class="num">{j.num_completed}</td>
                   <td
-                    class={`num ${j.num_failed - (j.num_interrupted ?? 0) ? "bad" : ""}`}
+                    class={`num ${j.num_failed ? "bad" : ""}`}
                     title={
-                      j.num_interrupted
-                        ? `${j.num_interrupted} more did not finish because the job ended, restarted or a newer one completed`
+                      j.num_not_finished
+                        ? `${j.num_not_finished} not finished: the job ended or restarted, or a newer one completed`
                         : undefined
                     }
                   >
-                    {j.num_failed - (j.num_interrupted ?? 0)}
+                    {j.num_failed}
                   </td>
                   <td class="num">{j.num_in_progress}</td>
                 </tr>
