@@ -10,9 +10,7 @@ the same data later (the data directory is kept).
 
 from __future__ import annotations
 
-import os
 import statistics
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -79,14 +77,17 @@ def summarize(checkpoints: list, records: int, seconds: float) -> dict[str, Any]
     ordered = sorted(checkpoints, key=lambda c: c.id)
     first_done = next((c.id for c in ordered if c.status.value == "COMPLETED"), None)
     steady = [c for c in ordered if first_done is not None and c.id > first_done]
-    unfinished = [c for c in steady if "job_ended" in (c.failure_reason or "") or c.status.value == "PENDING"]
+    aborted = [c for c in steady if c.status.value == "ABORTED"]
+    failed = [c for c in aborted if c.abort_reason in ("expired", "declined")]
     done = [c for c in steady if c.status.value == "COMPLETED"]
     durations = sorted(c.end_to_end_duration for c in done if c.end_to_end_duration is not None)
     return {
         "checkpoints after warm-up": len(steady),
         "completed": len(done),
-        "aborted": sum(1 for c in steady if c.status.value == "ABORTED") - len(unfinished),
-        "unfinished when the run ended": len(unfinished),
+        # the words of the UI, the API and `overtake checkpoints stats`
+        "failed": len(failed),
+        "not finished": len(aborted) - len(failed),
+        "in progress": sum(1 for c in steady if c.status.value == "PENDING"),
         "median end-to-end": statistics.median(durations) if durations else None,
         "p90 end-to-end": durations[int(0.9 * (len(durations) - 1))] if durations else None,
         "max end-to-end": durations[-1] if durations else None,
@@ -192,12 +193,15 @@ def summary_table(results: dict[str, dict[str, Any]]) -> Any:
 
 
 def _port(preferred: int) -> int:
-    """``preferred`` when it is free on 127.0.0.1, else any free port."""
+    """``preferred`` when it is free on 127.0.0.1, else any free port. The probe binds as the coordinator's server
+    does (with SO_REUSEADDR, as uvicorn sets it): a port whose last server stopped moments ago, with its connections
+    still in TIME_WAIT, is free for a new server, and the demo takes it."""
     import socket
 
     from app.local import free_port
 
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", preferred))
             return preferred
@@ -226,16 +230,13 @@ def run(args: DemoOptions) -> int:
 
     tasks = max(2 * args.parallelism, tasks_needed(1) if args.event_time else 0)
     try:
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         from pyspark.sql import SparkSession
+
+        from spark_plugin.driver.session import spark_session
 
         own_spark = SparkSession.getActiveSession() is None
         console.print(f"starting Spark local[{tasks}] ..." if own_spark else "using the active Spark session ...")
-        spark = (
-            SparkSession.builder.master(f"local[{tasks}]").appName("overtake-demo")
-            .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
+        spark = spark_session(tasks, "overtake-demo")
         results = {}
         for policy in ("unaligned", "aligned"):
             if args.only and policy != args.only:
@@ -263,9 +264,15 @@ def run(args: DemoOptions) -> int:
             coordinator.stop()
 
 
+def later_command(data_dir: Path) -> str:
+    """The command that serves a demo's data again, from the project's directory of a fresh clone: through
+    ``dev.sh``, which sets up and uses the project's virtualenv (``overtake`` itself is on no PATH there)."""
+    return f"./dev.sh serve --data-dir {data_dir}"
+
+
 def _linger(console: Any, url: str, args: DemoOptions) -> None:
     """Keep the embedded coordinator up for the UI until Ctrl-C (in a terminal), and say how to come back later."""
-    later = f"OVERTAKE_DATA_DIR={args.data_dir} overtake serve"
+    later = later_command(args.data_dir)
     if not args.wait:
         console.print(f"to look at this run in the UI later: {later} (then {url.rsplit(':', 1)[0]}:8321/)")
         return

@@ -9,6 +9,7 @@ it after the backpressure runs (``--no-event-time`` leaves it out).
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Any
 
@@ -32,15 +33,30 @@ def key_of(record: tuple) -> int:
     return record[0]
 
 
-def events(count: int, rate: float | None) -> EventSequenceSource:
-    """Four partitions, one of them twice as fast in event time; up to 500 ms out of order; every 40th event 4-8 s
-    late."""
-    return EventSequenceSource(count=count, partitions=4, keys=4, skew=1.0, interval_ms=50, speeds=[1, 1, 2, 1],
-                               disorder_ms=OUT_OF_ORDER_MS, late_every=40, late_ms=4_000, rate=rate)
+PARTITIONS = 4
+INTERVAL_MS = 50
+"""Event time a partition advances per record (its speed 1; one partition runs at twice the speed)."""
+REAL_TIME_RATE = PARTITIONS * 1000 / INTERVAL_MS
+"""Records per second (one source subtask) at which event time advances as fast as the wall clock, so the
+watermark the UI shows moves along with it, a few hundred milliseconds behind."""
+SECONDS = 30
+COUNT = SECONDS * 1000 // INTERVAL_MS
+"""Records per partition: the scenario runs about SECONDS seconds, long enough to watch its watermark live."""
 
 
-def build_pipeline(name: str, parallelism: int = 1, count: int = 300, rate: float | None = 200.0,
-                   watermark_interval: int = 200) -> Pipeline:
+def wall_clock_start() -> int:
+    """Event time starts now (rounded down to a window), not at the epoch: the watermark is today's time."""
+    return int(time.time() * 1000) // WINDOW_MS * WINDOW_MS
+
+
+def events(count: int, rate: float | None, start_ms: int | None = None) -> EventSequenceSource:
+    return EventSequenceSource(count=count, partitions=PARTITIONS, keys=4, skew=1.0, interval_ms=INTERVAL_MS,
+                               speeds=[1, 1, 2, 1], disorder_ms=OUT_OF_ORDER_MS, late_every=40, late_ms=4_000,
+                               rate=rate, start_ms=wall_clock_start() if start_ms is None else start_ms)
+
+
+def build_pipeline(name: str, parallelism: int = 1, count: int = COUNT, rate: float | None = REAL_TIME_RATE,
+                   watermark_interval: int = 200, start_ms: int | None = None) -> Pipeline:
     """events -> watermarks (500 ms out of order, 1 s idleness, every ``watermark_interval`` ms) -> key_by -> 5 s
     windows, 2 s lateness -> counts; the records too late for their window -> late records."""
     p = Pipeline(name, parallelism=parallelism)
@@ -50,7 +66,7 @@ def build_pipeline(name: str, parallelism: int = 1, count: int = 300, rate: floa
         .with_interval(watermark_interval)
     )
     counts = (
-        p.source(events(count, rate), id="events", watermarks=watermarks)
+        p.source(events(count, rate, start_ms), id="events", watermarks=watermarks)
         .key_by(key_of)
         .window(TumblingEventTimeWindows.of(WINDOW_MS), allowed_lateness=LATENESS_MS)
         .aggregate(lambda: 0, lambda n, _record: n + 1, id="counts")
@@ -65,6 +81,11 @@ def tasks_needed(parallelism: int) -> int:
     return 4 * parallelism
 
 
+def clock(ms: int) -> str:
+    """An event time as the local time of day (event time is wall-clock time here)."""
+    return time.strftime("%H:%M:%S", time.localtime(ms / 1000)) + f".{ms % 1000 // 100}"
+
+
 def window_table(windows: list[tuple]) -> Any:
     """One row per key and window with its final count and how often it fired (more than once: late updates)."""
     from rich.table import Table
@@ -77,25 +98,27 @@ def window_table(windows: list[tuple]) -> Any:
     for col in ("window", "key", "count", "fired"):
         t.add_column(col, justify="left" if col == "window" else "right")
     for (k, s), n in sorted(final.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        t.add_row(f"[{s / 1000:.0f} s, {(s + WINDOW_MS) / 1000:.0f} s)", str(k), str(n),
+        t.add_row(f"[{clock(s)}, {clock(s + WINDOW_MS)})", str(k), str(n),
                   f"{fired[(k, s)]}" + (" (late updates)" if fired[(k, s)] > 1 else ""))
     return t
 
 
 def run_scenario(spark: Any, coordinator: str, console: Any, name: str = "demo-event-time", parallelism: int = 1,
-                 count: int = 300, rate: float | None = 200.0) -> dict[str, Any]:
+                 count: int = COUNT, rate: float | None = REAL_TIME_RATE) -> dict[str, Any]:
     """Run the event-time pipeline once and print its windows and late records; returns a summary."""
     from contract.models import CheckpointConfig
 
     pipeline = build_pipeline(name, parallelism, count, rate)
-    console.print(f"running {name}: {4 * count:,} events, watermarks {OUT_OF_ORDER_MS} ms behind, "
-                  f"{WINDOW_MS // 1000} s windows, {LATENESS_MS // 1000} s allowed lateness, unaligned checkpoints")
+    live = f" for about {PARTITIONS * count / rate:.0f} s" if rate else ""
+    console.print(f"running {name}: {PARTITIONS * count:,} events, watermarks {OUT_OF_ORDER_MS} ms behind, "
+                  f"{WINDOW_MS // 1000} s windows, {LATENESS_MS // 1000} s allowed lateness, unaligned checkpoints; "
+                  f"event time is the wall clock's: its job page in the UI shows the watermark live{live}")
     result = pipeline.run(spark, coordinator, checkpoint=CheckpointConfig(interval=500, policy="unaligned"))
     windows, late = result.outputs("windows"), result.outputs("late")
     console.print(window_table(windows))
     updates = len(windows) - len({(k, s) for k, s, _, _ in windows})
     console.print(f"{len(late)} records were too late for their window (side output), e.g. "
-                  + ", ".join(f"key {k} at {t / 1000:.1f} s" for k, t, _, _ in sorted(late)[:3]))
+                  + ", ".join(f"key {k} at {clock(t)}" for k, t, _, _ in sorted(late)[:3]))
     console.print(f"{updates} window firings were late updates (records behind the watermark, within the lateness)")
     return {"job_id": result.job_id, "status": result.status, "windows": len(windows), "late_updates": updates,
             "late_records": len(late)}

@@ -6,263 +6,40 @@ Server-supplied strings such as ``src[0]`` are never parsed as rich markup: ever
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
-
-from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
-from rich.table import Table
+from rich.console import Group, RenderableType
 from rich.text import Text
 
-from contract import units
+from cli.job_views import (  # noqa: E402,F401  (re-exported: the commands use them as fmt.<name>)
+    attempts_table,
+    job_view,
+    jobs_table,
+    live_table,
+    replay_cell,
+    replay_phase,
+)
+from cli.tables import (  # noqa: F401  (re-exported: the commands and tests use them as fmt.<name>)
+    DASH,
+    FREE_MIN,
+    STATUS_STYLES,
+    Col,
+    FitTable,
+    _fields,
+    _table,
+    _text,
+    checkpoint_counts,
+    compact_json,
+    duration,
+    human_bytes,
+    status,
+    timestamp,
+)
 from contract.models import (
     Checkpoint,
     CheckpointDetail,
     CheckpointStatistics,
     Event,
-    Job,
-    JobPage,
     RestorePlan,
 )
-
-DASH = "-"
-
-STATUS_STYLES = {
-    "COMPLETED": "green",
-    "FINISHED": "green",
-    "RUNNING": "cyan",
-    "PENDING": "yellow",
-    "CREATED": "yellow",
-    "FAILING": "bold red",
-    "ABORTED": "red",
-    "FAILED": "red",
-    "CANCELLED": "magenta",
-}
-
-
-# ------------------------------------------------------------------------------------------- units
-
-
-def human_bytes(n: int | float | None) -> str:
-    """``1536`` → ``1.5 KiB``; bytes below 1 KiB as they are."""
-    return units.human_bytes(n, DASH)
-
-
-def duration(ms: int | float | None) -> str:
-    """Milliseconds for people: ``850 ms``, ``2.35 s``, ``3m 05s``, ``1h 02m``."""
-    if ms is None:
-        return DASH
-    if ms < 1000:
-        return f"{ms:.0f} ms"
-    seconds = ms / 1000
-    if seconds < 60:
-        return f"{seconds:.2f} s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m {secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h {minutes:02d}m"
-
-
-def timestamp(ms: int | None) -> str:
-    """Milliseconds since the epoch as local time, to the second."""
-    if ms is None:
-        return DASH
-    return datetime.fromtimestamp(ms / 1000).astimezone().strftime("%Y-%m-%d %H:%M:%S")
-
-
-def status(value: Any) -> Text:
-    name = getattr(value, "value", value)
-    return Text(str(name), style=STATUS_STYLES.get(str(name), ""))
-
-
-def _text(value: Any) -> Text:
-    if isinstance(value, Text):
-        return value
-    return Text(DASH if value is None else str(value))
-
-
-@dataclass(frozen=True)
-class Col:
-    """A column of a :class:`FitTable`: ``keep`` ranks how long it stays when the width runs out (higher stays
-    longer); a ``free`` column holds free text that may be cut short with an ellipsis."""
-
-    name: str
-    keep: int = 5
-    right: bool = False
-    free: bool = False
-
-
-FREE_MIN = 16
-"""The narrowest a free-text column gets before columns are left out."""
-
-
-class FitTable:
-    """A table that fits the width it is drawn in (the terminal's, or ``COLUMNS``): cells never wrap; free-text
-    columns are cut short with an ellipsis first, then the least important columns are left out, and the title says
-    which (``--json`` has everything)."""
-
-    def __init__(self, title: str | None, columns: list[Col], rows: Iterable[Iterable[Any]]) -> None:
-        self.title = title
-        self.columns = columns
-        self.rows = [[_text(v) for v in row] for row in rows]
-
-    def _widths(self, index: int) -> tuple[int, int]:
-        """(natural, narrowest) width of a column, padding included."""
-        col = self.columns[index]
-        natural = max([len(col.name), *(row[index].cell_len for row in self.rows)])
-        narrowest = min(natural, max(len(col.name), FREE_MIN)) if col.free else natural
-        return natural + 3, narrowest + 3
-
-    def layout(self, width: int) -> tuple[list[int], list[str]]:
-        """The indices of the columns that fit in ``width``, and the names of those left out."""
-        shown = list(range(len(self.columns)))
-        left_out: list[str] = []
-        while len(shown) > 1 and sum(self._widths(i)[1] for i in shown) + 1 > width:
-            victim = min(shown, key=lambda i: (self.columns[i].keep, -i))
-            shown.remove(victim)
-            left_out.append(self.columns[victim].name)
-        return shown, left_out
-
-    def table(self, width: int) -> Table:
-        shown, left_out = self.layout(width)
-        title = self.title
-        if left_out:
-            note = f"(left out for the width: {', '.join(left_out)}; widen the terminal or use --json)"
-            title = f"{title} {note}" if title else note
-        table = Table(title=title, title_justify="left", header_style="bold")
-        fixed = sum(self._widths(i)[0] for i in shown if not self.columns[i].free)
-        free = [i for i in shown if self.columns[i].free]
-        room = (width - 1 - fixed) // max(1, len(free)) - 3  # what is left for each free-text column
-        for i in shown:
-            col = self.columns[i]
-            natural = self._widths(i)[0] - 3
-            table.add_column(
-                col.name,
-                justify="right" if col.right else "left",
-                no_wrap=True,
-                overflow="ellipsis",
-                min_width=min(natural, FREE_MIN) if col.free else natural,
-                max_width=max(min(natural, FREE_MIN), room) if col.free else None,
-            )
-        for row in self.rows:
-            table.add_row(*(row[i] for i in shown))
-        return table
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield self.table(options.max_width)
-
-
-def _table(
-    title: str | None,
-    columns: Iterable[str],
-    rows: Iterable[Iterable[Any]],
-    right: set[str] = frozenset(),
-    keep: dict[str, int] | None = None,
-    free: set[str] = frozenset(),
-) -> FitTable:
-    keep = keep or {}
-    cols = [Col(c, keep.get(c, 5), c in right, c in free) for c in columns]
-    return FitTable(title, cols, rows)
-
-
-def _fields(pairs: Iterable[tuple[str, Any]]) -> Table:
-    """A two-column grid of labels and values."""
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold")
-    grid.add_column()
-    for label, value in pairs:
-        grid.add_row(Text(label), _text(value))
-    return grid
-
-
-def compact_json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
-
-
-# ------------------------------------------------------------------------------------------- jobs
-
-
-def jobs_table(page: JobPage) -> FitTable:
-    rows = [
-        (
-            job.id,
-            job.name,
-            status(job.status),
-            job.current_attempt,
-            job.num_completed,
-            job.num_failed - job.num_interrupted,
-            job.num_in_progress,
-            job.latest_completed_checkpoint_id,
-            timestamp(job.updated_at),
-        )
-        for job in page.items
-    ]
-    columns = ["id", "name", "status", "attempt", "completed", "failed", "in progress", "latest", "updated"]
-    title = f"{len(page.items)} of {page.total} jobs"
-    return _table(
-        title,
-        columns,
-        rows,
-        right={"id", "attempt", "completed", "failed", "in progress", "latest"},
-        keep={"id": 9, "name": 9, "status": 9, "latest": 7, "completed": 6, "failed": 6, "updated": 1},
-        free={"name"},
-    )
-
-
-def job_view(job: Job) -> Group:
-    cfg = job.checkpoint
-    state = status(job.status)
-    if job.status_message:
-        state.append(f" ({job.status_message})", style="")
-    latest = DASH
-    if job.latest_completed_checkpoint_id is not None:
-        latest = f"{job.latest_completed_checkpoint_id} at {timestamp(job.latest_completed_at)}"
-    summary = _fields(
-        [
-            ("job", f"{job.id} {job.name} ({job.kind})"),
-            ("status", state),
-            ("attempt", job.current_attempt),
-            ("created", timestamp(job.created_at)),
-            ("updated", timestamp(job.updated_at)),
-            (
-                "checkpoints",
-                f"{job.num_completed} completed, {job.num_failed - job.num_interrupted} failed, "
-                f"{job.num_interrupted} not finished (the job ended or restarted), {job.num_in_progress} in progress",
-            ),
-            ("latest completed", latest),
-            ("consecutive failures", f"{job.consecutive_failures} (tolerated: {cfg.tolerable_failures})"),
-            ("interval", duration(cfg.interval) if cfg.interval is not None else "off"),
-            ("policy", cfg.policy.value),
-            ("alignment timeout", duration(cfg.alignment_timeout)),
-            ("timeout", duration(cfg.timeout)),
-            ("min pause", duration(cfg.min_pause)),
-            ("max concurrent", cfg.max_concurrent),
-            ("retained", cfg.retained),
-            ("labels", ", ".join(f"{k}={v}" for k, v in sorted(job.labels.items())) or DASH),
-        ]
-    )
-    vertices = _table(
-        "vertices",
-        ["id", "name", "kind", "parallelism", "max parallelism", "keyed"],
-        [
-            (v.id, v.name or v.id, v.kind, v.parallelism, v.max_parallelism, "yes" if v.keyed else "no")
-            for v in job.graph.vertices
-        ],
-        right={"parallelism", "max parallelism"},
-    )
-    parts: list[RenderableType] = [summary, vertices]
-    if job.graph.edges:
-        edges = _table(
-            "edges",
-            ["source", "target", "partitioning"],
-            [(e.source, e.target, e.partitioning.value) for e in job.graph.edges],
-        )
-        parts.append(edges)
-    return Group(*parts)
-
 
 # ------------------------------------------------------------------------------------------- checkpoints
 
@@ -429,8 +206,8 @@ def checkpoint_line(cp: Checkpoint, verb: str) -> Text:
 def stats_view(stats: CheckpointStatistics) -> Group:
     c = stats.counts
     counts = Text(
-        f"{c.total} checkpoints: {c.completed} completed, {c.failed} failed, {c.in_progress} in progress, "
-        f"{c.savepoints} savepoints"
+        f"{c.total} checkpoints: {checkpoint_counts(c.completed, c.failed, c.not_finished, c.in_progress)}; "
+        f"{c.savepoints} of them savepoints"
     )
     s = stats.summary
     summary_rows = []

@@ -8,174 +8,39 @@ and exits 1, and so is a coordinator that cannot be reached (said within a secon
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import httpx
 import typer
-from pydantic import BaseModel
-from rich.console import Console, RenderableType
 from rich.text import Text
 
 from cli import format as fmt
-from client.errors import CoordinatorUnreachable, OutcomeUnknown, OvertakeError
-from client.sync import OvertakeClient
-from contract.models import BarrierPolicy, CheckpointStatus, JobStatus
-
-CLI_RETRIES = 2
-"""A person waits for the answer: a coordinator that is down is reported after two quick retries (about a second)."""
-CLI_TIMEOUT = 10.0
-"""Seconds one request may take before the command line gives up on that try."""
-CLI_MAX_BACKOFF = 1.0
-"""The longest wait between two tries, also when a busy coordinator's Retry-After asks for more: a person at a
-terminal is told it is busy in seconds, not after the minutes it may ask for."""
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-app = typer.Typer(
-    name="overtake",
-    help="Unaligned checkpoints for PySpark streaming pipelines: the coordinator and its command line.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
+from cli.app import (  # noqa: F401  (CLI_RETRIES, CLI_MAX_BACKOFF, CLI_TIMEOUT: read by the tests from here)
+    CLI_MAX_BACKOFF,
+    CLI_RETRIES,
+    CLI_TIMEOUT,
+    CheckpointArg,
+    JobArg,
+    JsonFlag,
+    Limit,
+    Offset,
+    Session,
+    _consoles,
+    _fail,
+    _session,
+    app,
+    checkpoints_app,
+    db_app,
+    jobs_app,
+    reports_errors,
 )
-jobs_app = typer.Typer(help="Registered jobs.", no_args_is_help=True)
-checkpoints_app = typer.Typer(help="A job's checkpoints.", no_args_is_help=True)
-db_app = typer.Typer(help="The coordinator's database.", no_args_is_help=True)
-app.add_typer(jobs_app, name="jobs")
-app.add_typer(checkpoints_app, name="checkpoints")
-app.add_typer(db_app, name="db")
-
-
-@dataclass
-class Session:
-    """What the global options decided, handed to every command through the click context."""
-
-    url: str | None
-    token: str | None
-    json: bool
-    out: Console
-    err: Console
-
-    def client(self) -> OvertakeClient:
-        try:
-            return OvertakeClient(
-                self.url, token=self.token, timeout=CLI_TIMEOUT, retries=CLI_RETRIES, backoff=0.2,
-                max_backoff=CLI_MAX_BACKOFF,
-            )
-        except ValueError as exc:  # a URL or token the client cannot use: said before any request
-            raise _fail(str(exc)) from None
-
-    def show_call(self, call: Callable[[OvertakeClient], BaseModel], render: Callable[[Any], RenderableType]) -> None:
-        """Make one SDK call and show its answer."""
-        with self.client() as c:
-            value = call(c)
-        self.show(value, render)
-
-    def show(self, value: BaseModel, render: Callable[[Any], RenderableType]) -> None:
-        """The model as JSON with --json, else as ``render`` draws it."""
-        if self.json:
-            typer.echo(value.model_dump_json(indent=2))
-        else:
-            self.out.print(render(value))
-
-
-def _consoles() -> tuple[Console, Console]:
-    # markup off: server text such as 'src[0]' must print as it is
-    return Console(markup=False, highlight=False), Console(stderr=True, markup=False, highlight=False)
-
-
-@app.callback()
-def _global_options(
-    ctx: typer.Context,
-    url: Annotated[
-        str | None,
-        typer.Option("--url", envvar="OVERTAKE_URL", help="Coordinator URL (default http://127.0.0.1:8321)."),
-    ] = None,
-    token: Annotated[
-        str | None, typer.Option("--token", envvar="OVERTAKE_TOKEN", help="Bearer token (admin or task).")
-    ] = None,
-    json_output: Annotated[
-        bool, typer.Option("--json", help="Print the API's JSON instead of tables.")
-    ] = False,
-) -> None:
-    out, err = _consoles()
-    ctx.obj = Session(url=url, token=token, json=json_output, out=out, err=err)
-
-
-def _session(ctx: typer.Context, json_output: bool = False) -> Session:
-    """The global options; ``json_output``: the command's own ``--json`` flag."""
-    session = ctx.find_object(Session)
-    if session is None:  # a command invoked without the group (tests, embedding)
-        out, err = _consoles()
-        session = Session(None, None, False, out, err)
-    if json_output:
-        session.json = True
-    return session
-
-
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    _, err = _consoles()
-    err.print(Text(f"error: {message}", style="bold red"))
-    return typer.Exit(code)
-
-
-def _in_cli_terms(exc: OvertakeError) -> str:
-    """What went wrong, said to a person at a terminal (the SDK's message names the HTTP request)."""
-    if isinstance(exc, OutcomeUnknown):
-        return (
-            f"the connection to the coordinator at {exc.url} broke before it answered, so it may or may not have "
-            "done it; look (e.g. 'overtake checkpoints list JOB') before trying again"
-        )
-    if isinstance(exc, CoordinatorUnreachable):
-        cause = exc.__cause__
-        why = f" ({type(cause).__name__}: {cause})" if cause is not None and str(cause) else ""
-        tries = f"{CLI_RETRIES + 1} times"
-        if isinstance(cause, httpx.ReadTimeout | httpx.WriteTimeout):  # connected, then no answer in time
-            return (
-                f"the coordinator at {exc.url} took the request but did not answer within {CLI_TIMEOUT:g} s, "
-                f"{tries}: it may be overloaded or stuck; its /readyz says whether it is ready"
-            )
-        if isinstance(cause, httpx.RemoteProtocolError | httpx.ReadError):
-            return (
-                f"the coordinator at {exc.url} closed the connection without a complete answer, {tries}{why}: it "
-                "may be restarting, or that address is not an Overtake coordinator; try again in a moment"
-            )
-        return (
-            f"cannot reach the coordinator at {exc.url}{why}. Is it running? Start one with 'overtake serve', or "
-            "point to yours with --url or OVERTAKE_URL."
-        )
-    return str(exc)
-
-
-def reports_errors(func: F) -> F:
-    """Turn the SDK's errors into a red message and exit status 1 instead of a traceback."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except OvertakeError as exc:
-            raise _fail(_in_cli_terms(exc)) from None
-        except KeyboardInterrupt:
-            raise typer.Exit(130) from None
-
-    return wrapper  # type: ignore[return-value]
-
-
-JobArg = Annotated[int, typer.Argument(help="Job id.", show_default=False)]
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the API's JSON instead of a table.")]
-CheckpointArg = Annotated[int, typer.Argument(help="Checkpoint id.", show_default=False)]
-Limit = Annotated[int, typer.Option(help="How many to show.", min=1, max=1000)]
-Offset = Annotated[int, typer.Option(help="How many of the newest to skip.", min=0)]
-
+from contract.models import BarrierPolicy, CheckpointStatus, JobStatus
 
 # ------------------------------------------------------------------------------------------- server
 
@@ -188,6 +53,10 @@ def serve(
     ] = None,
     port: Annotated[int | None, typer.Option(help="Port (default OVERTAKE_PORT or 8321).")] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(help="Embedded database and blobs (default OVERTAKE_DATA_DIR or .overtake), e.g. a demo's."),
+    ] = None,
 ) -> None:
     """Run the coordinator (one process), configured by OVERTAKE_* environment variables; prints the UI's address
     once it is ready."""
@@ -196,6 +65,8 @@ def serve(
     from app.observability import setup_logging
     from app.settings import Settings  # the coordinator's modules load only for the commands that run it
 
+    if data_dir is not None:
+        os.environ["OVERTAKE_DATA_DIR"] = str(data_dir)  # the app's factory reads its settings again
     settings = Settings()
     host = host or settings.host
     port = port or settings.port
@@ -218,7 +89,6 @@ def _announce_when_ready(host: str, port: int, settings: Any, timeout: float = 1
     import threading
     import time
 
-    import httpx
 
     shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     url = f"http://{shown}:{port}"
@@ -274,6 +144,24 @@ def jobs_list(
 def jobs_show(ctx: typer.Context, job_id: JobArg, json_output: JsonFlag = False) -> None:
     """Show a job: status, checkpoint configuration and graph."""
     _session(ctx, json_output).show_call(lambda c: c.get_job(job_id), fmt.job_view)
+
+
+@jobs_app.command("metrics")
+@reports_errors
+def jobs_metrics(ctx: typer.Context, job_id: JobArg, json_output: JsonFlag = False) -> None:
+    """Live metrics of the current attempt's subtasks: records/s, backpressure, watermark lag, and a restored
+    subtask's replay (bytes replayed of those it restored, or how long it took)."""
+    _session(ctx, json_output).show_call(lambda c: c.live_metrics(job_id), fmt.live_table)
+
+
+@jobs_app.command("attempts")
+@reports_errors
+def jobs_attempts(
+    ctx: typer.Context, job_id: JobArg, limit: Limit = 50, offset: Offset = 0, json_output: JsonFlag = False
+) -> None:
+    """A job's attempts, newest first: what each restored, why it started, and the current attempt's recovery
+    phases (detect, relaunch, restore, replay)."""
+    _session(ctx, json_output).show_call(lambda c: c.list_attempts(job_id, limit=limit, offset=offset), fmt.attempts_table)
 
 
 @jobs_app.command("cancel")
@@ -370,6 +258,37 @@ def restore_plan(
 ) -> None:
     """Show what a restart would restore, per subtask."""
     _session(ctx, json_output).show_call(lambda c: c.restore_plan(job_id, checkpoint_id=checkpoint), fmt.restore_plan_view)
+
+
+@checkpoints_app.command("export-arrow")
+@reports_errors
+def checkpoints_export_arrow(
+    ctx: typer.Context,
+    job_id: JobArg,
+    checkpoint_id: CheckpointArg,
+    out: Annotated[Path, typer.Option("--out", help="Directory to write one Arrow IPC file per segment into.")],
+) -> None:
+    """Write the Arrow batches a checkpoint holds in flight on batch edges as Arrow IPC files (pyarrow, DuckDB).
+
+    Records are unpickled: export checkpoints of jobs you trust."""
+    s = _session(ctx)
+    with _optional("the channel-state export (pyarrow)"):
+        import pyarrow  # noqa: F401
+
+        from spark_plugin.task.channel_state_export import export_arrow, plan_segments
+    with s.client() as c:
+        plan = c.restore_plan(job_id, checkpoint_id=checkpoint_id)
+        done = export_arrow(
+            plan_segments(plan), lambda blob, start, end: c.download_blob(job_id, blob, start, end), out,
+            plan.checkpoint_id,
+        )
+    written = [d for d in done if d.path is not None]
+    for d in written:
+        s.out.print(f"{d.path}: {d.rows:,} rows in {d.batches} batches ({d.vertex}[{d.subtask}] {d.direction} "
+                    f"{d.channel})")
+    others = sum(d.other_records for d in done)
+    s.out.print(f"{len(written)} of {len(done)} segments of checkpoint {plan.checkpoint_id} held Arrow batches"
+                + (f"; {others:,} other records left out" if others else ""))
 
 
 @app.command()
@@ -479,7 +398,10 @@ def bench(
             "in-flight bytes without and with an in-flight budget per subtask), concurrent (13. concurrent unaligned "
             "checkpoints: max_concurrent 1 against 2 with a 20 ms interval under backpressure), last-barrier (14. "
             "persisted bytes and duration of a flat_map with 100 outputs per input, first-barrier unaligned against "
-            "last-barrier). Numbers work too: `overtake bench 8 9`.",
+            "last-barrier), kafka (15. latency from produce time to a read_committed reader and throughput through "
+            "Kafka in and out under backpressure, unaligned and aligned exactly-once against unaligned "
+            "at-least-once; starts Tansu). Numbers work too: `overtake bench 8 9`. `overtake bench soak --cases N` runs the "
+            "randomized rescale soak instead (no Spark; alone).",
             show_default=False,
         ),
     ] = None,
@@ -501,9 +423,33 @@ def bench(
     policies: Annotated[
         str | None, typer.Option(help="Policies of scenario 1, comma-separated (default all three).", show_default=False)
     ] = None,
+    cases: Annotated[
+        int, typer.Option(help="soak: how many randomized cases (each a checkpointed run and 1-2 rescales).", min=1)
+    ] = 100,
+    seed: Annotated[int, typer.Option(help="soak: seed of the first case (case n has seed + n).")] = 0,
+    repeat: Annotated[int, typer.Option(help="soak: run every case this many times.", min=1)] = 1,
+    soak_seconds: Annotated[
+        float | None,
+        typer.Option("--soak-seconds", help="soak: stop starting cases after this many seconds.", min=1,
+                     show_default=False),
+    ] = None,
+    keep: Annotated[
+        Path | None,
+        typer.Option(help="soak: folder to pickle each failed case's checkpoints, plans and output into.",
+                     show_default=False),
+    ] = None,
 ) -> None:
     """Run the FLIP-76 test plan on local Spark with the coordinator on PostgreSQL; write a markdown report and PNG
-    plots into the results folder."""
+    plots into the results folder. `overtake bench soak --cases N`: the randomized rescale soak (benchmarks/soak.py)."""
+    if scenarios and "soak" in scenarios:
+        if len(scenarios) > 1:
+            raise typer.BadParameter("soak runs alone: `overtake bench soak --cases N`")
+        with _optional("the benchmarks (benchmarks.soak)"):
+            from benchmarks.soak import soak
+
+        totals = soak(cases, seed, repeat, keep=str(keep) if keep else None, seconds=soak_seconds)
+        typer.echo(totals.summary())
+        raise typer.Exit(1 if totals.failures else 0)
     with _optional("the benchmarks (benchmarks.cli)"):
         from benchmarks.cli import BenchUsageError, bench_args
         from benchmarks.cli import main as run_bench
@@ -533,3 +479,7 @@ def main() -> None:
     except Exception as exc:  # an unexpected bug: one line, not a traceback (OVERTAKE_DEBUG=1 shows it)
         _fail(f"{type(exc).__name__}: {exc} (set OVERTAKE_DEBUG=1 for the traceback)")
         sys.exit(1)
+
+
+if __name__ == "__main__":  # python -m cli.main, as the overtake command
+    main()

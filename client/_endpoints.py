@@ -22,6 +22,7 @@ from contract.models import (
     AckBatch,
     AckBatchResult,
     AckResult,
+    AfterAttempt,
     Attempt,
     AttemptCreate,
     AttemptPage,
@@ -49,6 +50,9 @@ from contract.models import (
     SavepointRequest,
     SubtaskAck,
     SubtaskMetrics,
+    SubtaskMetricsBatch,
+    SubtaskMetricsBatchItem,
+    SubtaskMetricsBatchResult,
     SubtaskMetricsReport,
     SubtaskReport,
     TriggerRequest,
@@ -145,7 +149,7 @@ class Endpoints:
     def start_attempt(
         self,
         job_id: int,
-        restore_from: int | Literal["latest"] | None = "latest",
+        restore_from: int | Literal["latest"] | AfterAttempt | None = "latest",
         *,
         parallelism: dict[str, int] | None = None,
         wait_for_running: bool = False,
@@ -153,8 +157,9 @@ class Endpoints:
     ) -> Attempt:
         """Open a new attempt; its ``task_token`` is shown only here (see ``with_token``).
 
-        ``restore_from``: a checkpoint or savepoint id, ``"latest"`` (the latest completed, if any) or None (a
-        fresh start). With ``wait_for_running``, periodic checkpoints start one interval after every subtask
+        ``restore_from``: a checkpoint or savepoint id, ``"latest"`` (the latest completed, if any),
+        ``AfterAttempt(n)`` (where the current attempt ``n`` left off, chosen by the coordinator as the attempt
+        opens: the plan's ``requested_checkpoint``) or None (a fresh start). With ``wait_for_running``, periodic checkpoints start one interval after every subtask
         called ``report_running`` (or after the coordinator's grace period). ``reason`` says why the attempt starts
         (the job's status message while it runs)."""
         try:
@@ -200,6 +205,15 @@ class Endpoints:
         body = _body(SubtaskMetricsReport, {"timestamp": when, "metrics": metrics})
         path = f"{_job(job_id)}/attempts/{int(attempt)}/subtasks/{vertex}/{int(subtask_index)}/metrics"
         return self._send(Call("POST", path, lambda r: None, json=body))
+
+    def report_metrics_batch(
+        self, job_id: int, attempt: int, reports: list[SubtaskMetricsBatchItem | dict[str, Any]]
+    ) -> SubtaskMetricsBatchResult:
+        """Several subtasks' latest metrics of one attempt in one request, each with its own ``vertex``,
+        ``subtask_index``, ``timestamp`` and ``metrics``; the result says per report whether it was kept."""
+        body = _body(SubtaskMetricsBatch, {"reports": reports})
+        path = f"{_job(job_id)}/attempts/{int(attempt)}/metrics/batch"
+        return self._send(Call("POST", path, _model(SubtaskMetricsBatchResult), json=body))
 
     def live_metrics(self, job_id: int) -> JobLiveMetrics:
         """Per vertex of the job's current attempt: records/s, backpressure, and the low watermark with its lag from
