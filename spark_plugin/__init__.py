@@ -8,9 +8,9 @@ barriers between subtasks, ``connectors`` holds the source/sink contracts and th
 reports Structured Streaming queries, and ``testing`` runs pipelines without Spark.
 """
 
-from contract.models import CheckpointConfig
+from contract.models import AfterAttempt, CheckpointConfig
 from spark_plugin.api.errors import PipelineError
-from spark_plugin.api.pipeline import KeyedStream, Stream
+from spark_plugin.api.pipeline import BatchStream, KeyedBatchStream, KeyedStream, Stream
 from spark_plugin.api.timers import KeyedProcessFunction
 from spark_plugin.api.watermarks import WatermarkStrategy
 from spark_plugin.api.windows import (
@@ -19,7 +19,19 @@ from spark_plugin.api.windows import (
     TimeWindow,
     TumblingEventTimeWindows,
 )
-from spark_plugin.connectors import CollectSink, DiscardSink, SequenceSource, Sink, Source
+from spark_plugin.connectors import (
+    CollectSink,
+    DiscardSink,
+    KafkaRecord,
+    KafkaSink,
+    KafkaSource,
+    ParquetSink,
+    ParquetSource,
+    SequenceSource,
+    Sink,
+    Source,
+)
+from spark_plugin.driver.autoscale import ScaleOnBackpressure
 from spark_plugin.driver.restart import ExponentialBackoff, FixedDelay, NoRestart, RestartStrategy
 from spark_plugin.driver.run import RunFailed, RunResult
 from spark_plugin.driver.scaling import FitToSlots
@@ -28,6 +40,8 @@ from spark_plugin.network.config import NetworkConfig
 from spark_plugin.pipeline import Pipeline
 
 __all__ = [
+    "AfterAttempt",
+    "BatchStream",
     "CheckpointConfig",
     "CollectSink",
     "DiscardSink",
@@ -35,16 +49,23 @@ __all__ = [
     "ExponentialBackoff",
     "FitToSlots",
     "FixedDelay",
+    "KafkaRecord",
+    "KafkaSink",
+    "KafkaSource",
+    "KeyedBatchStream",
     "KeyedProcessFunction",
     "KeyedStream",
     "NetworkConfig",
     "NoRestart",
+    "ParquetSink",
+    "ParquetSource",
     "Pipeline",
     "PipelineError",
     "RestartStrategy",
     "RestartsExhausted",
     "RunFailed",
     "RunResult",
+    "ScaleOnBackpressure",
     "SequenceSource",
     "Sink",
     "SlidingEventTimeWindows",

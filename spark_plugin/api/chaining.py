@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contract.models import Partitioning
 from spark_plugin.api.graph import Node
 from spark_plugin.plan.job import JobEdge, JobPlan, JobVertex
 
@@ -12,7 +13,7 @@ def _chainable(up: Node, down: Node) -> bool:
     if getattr(down.op, "side", None) is not None:
         return False  # a side output is read over its own edge
     _, partitioning, _ = down.inputs[0]
-    return partitioning == "forward" and up.op.parallelism == down.op.parallelism
+    return partitioning == Partitioning.forward and up.op.parallelism == down.op.parallelism
 
 
 def chain(name: str, parallelism: int, max_parallelism: int, nodes: list[Node]) -> JobPlan:

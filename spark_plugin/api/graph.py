@@ -6,9 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract.models import Partitioning
 from spark_plugin.api.operators import Operator
 
-Input = tuple["Node", str, Callable[[Any], Any] | None]
+Input = tuple["Node", Partitioning, Callable[[Any], Any] | None]
 """An edge into a node: the upstream node, the partitioning, and the key selector of a hash edge."""
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from contract.keygroups import key_group_range
+from contract.keygroups import KEY_HASH_VERSION, key_group_range
 from spark_plugin.api.state import KeyedState, ValueState
 from spark_plugin.connectors.base import Sink, Source
+from spark_plugin.connectors.subtask_splits import as_partitioned
 
 Emit = Callable[[Any], None]
 
@@ -59,6 +60,11 @@ class Operator:
     def close(self) -> Any:
         """Called when the subtask ends; a sink returns what the driver should receive."""
         return None
+
+    def release(self) -> None:
+        """Free what the operator holds outside Python (broker connections, consumers, producers). Called when the
+        subtask's channels close, after a failure as after ``close``: it commits and returns nothing, and a second
+        call does nothing."""
 
 
 class FunctionOperator(Operator):
@@ -110,6 +116,10 @@ class KeyedOperator(Operator):
     """An operator after ``key_by``: its state is addressed by key group."""
 
     keyed = True
+    moves_rehashed_keys = True
+    """Whether a restore of state keyed by an older key hash may move a key to its new key group."""
+    restored_key_hash = KEY_HASH_VERSION
+    """The key hash of the checkpoint this operator restored (records in flight in it were routed by that hash)."""
 
     def __init__(self, id: str, key_fn: Callable[[Any], Any], **kw: Any) -> None:
         super().__init__(id, **kw)
@@ -125,12 +135,13 @@ class KeyedOperator(Operator):
 
     def snapshot(self, checkpoint_id: int) -> Any:
         assert self.state is not None
-        return {"keyed": self.state.snapshot()}
+        return {"keyed": self.state.snapshot(), "key_hash": KEY_HASH_VERSION}
 
     def restore(self, state: Any) -> None:
         assert self.state is not None
         if state:
-            self.state.restore(state["keyed"])
+            self.restored_key_hash = state.get("key_hash", 1)  # a snapshot without one is of version 1
+            self.state.restore(state["keyed"], self.restored_key_hash, self.moves_rehashed_keys)
 
 
 class KeyedFunctionOperator(KeyedOperator):
@@ -225,6 +236,11 @@ class ConnectorOperator(Operator):
     def close(self) -> Any:
         return self.connector.close()
 
+    def release(self) -> None:
+        release = getattr(self.connector, "release", None)  # connectors written before release() existed have none
+        if release is not None:
+            release()
+
 
 class SinkOperator(ConnectorOperator):
     """Hands records to a :class:`~spark_plugin.connectors.base.Sink`."""
@@ -246,6 +262,9 @@ class SinkOperator(ConnectorOperator):
 
     def rewind(self, job_id: int, checkpoint_id: int | None) -> None:
         self.sink.rewind(job_id, checkpoint_id)
+
+    def attempt_over(self, reason: str) -> None:
+        self.sink.attempt_over(reason)
 
     def restore(self, state: Any) -> None:
         if state is not None:
@@ -270,7 +289,8 @@ class SourceOperator(ConnectorOperator):
     """The source's ``WatermarkStrategy`` (``spark_plugin.api.watermarks``) when its records carry event time."""
 
     def __init__(self, id: str, source: Source, **kw: Any) -> None:
-        super().__init__(id, source, **kw)
+        # an older Source without splits of its own is read as one split per subtask, so it rescales too
+        super().__init__(id, as_partitioned(source), **kw)
 
     def functions(self) -> dict[str, Any]:
         fns = super().functions()
@@ -284,3 +304,10 @@ class SourceOperator(ConnectorOperator):
 
     def bind(self, out: Emit) -> Emit:
         return out
+
+    def snapshot(self, checkpoint_id: int) -> Any:
+        self.source.snapshot_started(checkpoint_id)  # the source's offsets are taken right after the chain's state
+        return None
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self.source.notify_checkpoint_complete(checkpoint_id)

@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from contract.keygroups import key_group
+from contract.keygroups import KEY_HASH_VERSION, key_group
 from spark_plugin.api.operators import Emit, KeyedOperator
-from spark_plugin.api.state import ValueState
+from spark_plugin.api.state import ValueState, not_owned, rehashed
 from spark_plugin.api.watermarks import MIN_WATERMARK, checked_timestamp
 
 EVENT_TIME = "event"
@@ -101,7 +101,12 @@ class TimerService:
         """Timers due under their key group's floor after a restore, latest first."""
 
     def key_group(self, key: Any) -> int:
-        return key_group(key, self.max_parallelism)
+        """The key group of ``key``, which this subtask must own."""
+        kg = key_group(key, self.max_parallelism)
+        lo, hi = self.key_group_range
+        if not lo <= kg <= hi:
+            raise not_owned(key, kg, self.key_group_range)
+        return kg
 
     # ------------------------------------------------------------------ register, delete
 
@@ -186,9 +191,11 @@ class TimerService:
             "processing": {kg: list(t) for kg, t in self.processing.groups.items()},
         }
 
-    def restore(self, snapshot: dict[str, Any]) -> None:
+    def restore(self, snapshot: dict[str, Any], key_hash: int = KEY_HASH_VERSION) -> None:
         """Load one old subtask's timers of the key groups in this subtask's range; the watermark that subtask had
-        reached becomes the floor of those key groups. Call :meth:`restored` once every slice is loaded."""
+        reached becomes the floor of those key groups. Call :meth:`restored` once every slice is loaded. Timers
+        keyed by an older key hash (``key_hash``) must have kept their key groups (a timer's key group has its own
+        floor: a timer does not move)."""
         lo, hi = self.key_group_range
         old_lo, old_hi = snapshot["range"]
         for kg in range(max(lo, old_lo), min(hi, old_hi) + 1):
@@ -199,6 +206,11 @@ class TimerService:
             for kg, group in timers.items():
                 if lo <= kg <= hi:
                     for ts, key, ns in group:
+                        if key_hash != KEY_HASH_VERSION:
+                            now = key_group(key, self.max_parallelism)
+                            if now != kg:
+                                raise rehashed(key, kg, now, key_hash, "and a timer cannot move: start the job "
+                                                                       "without this checkpoint")
                         domain.add(kg, ts, key, ns)
 
     def restored(self, watermark: int) -> None:
@@ -218,6 +230,7 @@ class TimedOperator(KeyedOperator):
     due timers one at a time (``on_timer``); results go to the function ``bind`` received."""
 
     timestamp_fn: Callable[[Any], int] | None = None
+    moves_rehashed_keys = False  # a key's timers stay in their key group (its floor is that group's)
 
     def open(self, subtask_index: int, parallelism: int, max_parallelism: int) -> None:
         super().open(subtask_index, parallelism, max_parallelism)
@@ -245,7 +258,7 @@ class TimedOperator(KeyedOperator):
     def restore(self, state: Any) -> None:
         super().restore(state)
         if state and "timers" in state:
-            self.timers.restore(state["timers"])
+            self.timers.restore(state["timers"], self.restored_key_hash)
 
 
 # ====================================================================================== keyed process function

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyspark import cloudpickle
 
-from contract.models import MAX_PARALLELISM, NAME_RE
+from contract.models import MAX_PARALLELISM, NAME_RE, Partitioning
 from spark_plugin.api import operators as ops
 from spark_plugin.api.errors import PipelineError
 from spark_plugin.api.graph import Node
@@ -69,15 +69,15 @@ def validate(name: str, parallelism: int, max_parallelism: int, nodes: list[Node
         if len(set(ups)) != len(ups):
             raise PipelineError(f"operator {op.id!r} is connected twice to {ups}; connect it once")
         for up, partitioning, key_fn in node.inputs:
-            if partitioning == "forward" and up.op.parallelism != par:
+            if partitioning == Partitioning.forward and up.op.parallelism != par:
                 raise PipelineError(
                     f"operator {op.id!r} (parallelism {par}) is forward-connected to {up.op.id!r} "
                     f"(parallelism {up.op.parallelism}); forward edges need equal parallelism: "
                     "use .rebalance() or .key_by(...) before it, or equal parallelism"
                 )
-            if partitioning == "hash" and not callable(key_fn):
+            if partitioning == Partitioning.hash and not callable(key_fn):
                 raise PipelineError(f"operator {op.id!r}: key_by needs a callable key selector, got {key_fn!r}")
-        if op.keyed and node.inputs[0][1] != "hash":
+        if op.keyed and node.inputs[0][1] != Partitioning.hash:
             raise PipelineError(f"keyed operator {op.id!r} must follow key_by(...)")
         for role, fn in op.functions().items():
             if role in ("source", "sink"):

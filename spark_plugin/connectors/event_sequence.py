@@ -7,20 +7,20 @@ import bisect
 import time
 from typing import Any
 
-from spark_plugin.connectors.base import Source
+from spark_plugin.connectors.base import PartitionedSource, SplitReader
 from spark_plugin.connectors.sequence import _uniform
 
 
-class EventSequenceSource(Source):
+class EventSequenceSource(PartitionedSource):
     """Emits ``(key, timestamp, partition, n)``: record ``n`` of partition ``q``.
 
-    There are ``partitions`` partitions; subtask ``i`` of ``p`` reads those with ``q % p == i`` and takes their
-    records in turn (always the partition with the fewest emitted next, so the order depends only on the offsets).
+    There are ``partitions`` partitions, the source's splits (split ``"q"`` for partition ``q``, so subtask ``i`` of
+    ``p`` reads those with ``q % p == i``), read in turn a batch at a time.
     Partition ``q``'s event time advances ``interval_ms * speeds[q]`` per record from ``start_ms``, minus a jitter
     of up to ``disorder_ms`` (so a watermark strategy with that out-of-orderness never sees a late record), except
     every ``late_every``-th record, which is ``late_ms`` to ``2 * late_ms`` older. Keys follow a Zipf law of exponent ``skew`` over
     ``keys`` keys. ``count`` bounds the records per partition (None: unbounded); ``rate`` is records per second per
-    subtask (None: as fast as the output takes them). Partitions in ``idle`` never send anything.
+    partition (None: as fast as the output takes them). Partitions in ``idle`` never send anything.
     Everything depends only on ``(q, n)``, so a replay is identical.
     """
 
@@ -59,7 +59,6 @@ class EventSequenceSource(Source):
         self.idle = frozenset(idle)
         self.start_ms = start_ms
         self.rate = rate
-        self.next: dict[int, int] = {}
         weights = [1.0 / ((k + 1) ** skew) for k in range(keys)]
         total, acc, self._cdf = sum(weights), 0.0, []
         for w in weights:
@@ -84,62 +83,48 @@ class EventSequenceSource(Source):
             raise ValueError("an unbounded source has no list of all its records")
         return [self.record(q, n) for q in range(self.num_partitions) if q not in self.idle for n in range(self.count)]
 
-    # ------------------------------------------------------------------ Source
+    # ------------------------------------------------------------------ PartitionedSource
 
-    def open(self, subtask_index: int, parallelism: int) -> None:
-        super().open(subtask_index, parallelism)
-        self._mine = [q for q in range(self.num_partitions) if q % parallelism == subtask_index]
-        for q in self._mine:
-            self.next.setdefault(q, 0)
-        self._started = time.monotonic()
-        self._emitted_at_start = sum(self.next.values())
+    def list_splits(self) -> list[str]:
+        return [str(q) for q in range(self.num_partitions)]
 
-    def partitions(self) -> list[Any]:
-        return list(self._mine)
+    def build_split_reader(self, split: str, position: Any | None) -> SplitReader:
+        return _PartitionReader(self, int(split), int(position or 0))
 
-    def partition_of(self, record: Any) -> Any:
-        return record[2]
+    def legacy_offsets(self, offsets: dict[str, Any], subtask_index: int, parallelism: int) -> dict[str, Any]:
+        """``{"next": {q: n}}``: the next record of each partition the subtask read."""
+        return {"split_positions": {str(q): int(n) for q, n in (offsets.get("next") or {}).items()}}
 
-    def _live(self) -> list[int]:
-        return [q for q in self._mine if q not in self.idle and (self.count is None or self.next[q] < self.count)]
+    @staticmethod
+    def reached(offsets: dict[str, Any]) -> dict[int, int]:
+        """The next record of each partition, by partition, from a subtask's offsets (an ended one is left out)."""
+        positions = offsets.get("split_positions") or {}
+        return {int(q): int(n or 0) for q, n in positions.items()}
+
+
+class _PartitionReader(SplitReader):
+    """Partition ``q`` of an :class:`EventSequenceSource` from record ``n`` on."""
+
+    def __init__(self, source: EventSequenceSource, q: int, n: int) -> None:
+        self.source, self.q, self.n = source, q, n
+        self._started, self._from = time.monotonic(), n
 
     def poll(self, max_records: int) -> list[Any] | None:
-        live = self._live()
-        if not live:
-            return None if self.count is not None else []
-        n = max_records
-        if self.rate is not None:
-            emitted = sum(self.next.values()) - self._emitted_at_start
-            n = min(n, max(int(self.rate * (time.monotonic() - self._started)) - emitted, 0))
-        out = []
-        for _ in range(n):
-            q = min(live, key=lambda p: (self.next[p], p))
-            out.append(self.record(q, self.next[q]))
-            self.next[q] += 1
-            if self.count is not None and self.next[q] >= self.count:
-                live.remove(q)
-                if not live:
-                    break
+        src = self.source
+        if src.count is not None and (self.n >= src.count or self.q in src.idle):
+            return None
+        if self.q in src.idle:
+            return []
+        n = max_records if src.count is None else min(max_records, src.count - self.n)
+        if src.rate is not None:
+            n = min(n, max(int(src.rate * (time.monotonic() - self._started)) - (self.n - self._from), 0))
+        out = [src.record(self.q, k) for k in range(self.n, self.n + n)]
+        self.n += n
         return out
 
+    def position(self) -> Any:
+        return self.n
+
     def wait_hint(self) -> float | None:
-        return None if self.rate is None else 1.0 / self.rate
-
-    def offsets(self) -> dict[str, Any]:
-        return {"next": {str(q): n for q, n in self.next.items()}}
-
-    def seek(self, offsets: dict[str, Any]) -> None:
-        for q, n in (offsets.get("next") or {}).items():
-            self.next[int(q)] = int(n)
-        self._started = time.monotonic()
-        self._emitted_at_start = sum(self.next.values())
-
-    def restore_positions(self, positions: list[dict[str, Any]]) -> None:
-        """At another parallelism: the partitions are the splits; each of this subtask's continues where the
-        checkpoint left it."""
-        merged: dict[int, int] = {}
-        for offsets in positions:
-            merged.update({int(q): int(n) for q, n in (offsets.get("next") or {}).items()})
-        self.next = {q: merged.get(q, 0) for q in self._mine}
-        self._started = time.monotonic()
-        self._emitted_at_start = sum(self.next.values())
+        rate = self.source.rate
+        return None if rate is None else 1.0 / rate

@@ -1,8 +1,11 @@
 """File connectors: JSON-lines and Parquet sources with offsets, and a JSON-lines sink committed on checkpoints.
 
-Files are assigned to source subtasks round robin in name order (file ``k`` to subtask ``k % parallelism``); the
-offsets say where each file a subtask touched stands (``{"files": {"k": byte offset or row, or -1 when read}}``),
-so a restore resumes at the record after the checkpoint, also at another parallelism.
+Both sources have a batch form (``batches=True``): each record is a ``pyarrow.RecordBatch`` of up to
+``batch_rows`` rows (a batch stream, see ``spark_plugin.api.pipeline.BatchStream``), positions still counted in rows or bytes.
+
+Each file is a split of a partitioned source (named by its path): the runtime assigns files to source subtasks and
+keeps where each one stands (a byte offset or a row), so a restore resumes at the record after the checkpoint, also
+at another parallelism, and files that appear while running are read with ``discovery_interval``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from spark_plugin.connectors.base import Sink, Source
+from spark_plugin.connectors.base import PartitionedSource, Sink, SplitReader
 
 
 def _expand(paths: str | list[str], suffixes: tuple[str, ...]) -> list[str]:
@@ -28,128 +31,135 @@ def _expand(paths: str | list[str], suffixes: tuple[str, ...]) -> list[str]:
 
 
 DONE = -1
-"""The position of a file that was read to its end."""
+"""The position of a file that was read to its end, in offsets written before files were splits."""
 
 
-class _FileSource(Source):
-    """Each file is a split: file ``g`` (in name order) is read by subtask ``g % parallelism``, which reads its
-    files one after the other. Offsets say where each file it touched stands: a byte or row position, or done."""
+class _FileSource(PartitionedSource):
+    """Each file is a split, named by its path: the runtime assigns files to subtasks and keeps each file's position
+    (a byte or row position). With ``discovery_interval`` (seconds) the paths are listed again while running and new
+    files are read too; the source then never ends."""
 
     suffixes: tuple[str, ...] = ()
 
-    def __init__(self, paths: str | list[str]) -> None:
+    def __init__(self, paths: str | list[str], discovery_interval: float | None = None) -> None:
         self.paths = paths
-        self.file = 0
-        self.position = 0
-        self.progress: dict[int, int] = {}
-        """Position of each file this subtask has touched, by global file index (``DONE`` when read)."""
+        self.discovery_interval = discovery_interval
 
-    def open(self, subtask_index: int, parallelism: int) -> None:
-        super().open(subtask_index, parallelism)
+    def list_splits(self) -> list[str]:
         files = _expand(self.paths, self.suffixes)
         missing = [f for f in files if not os.path.exists(f)]
         if missing:
             raise FileNotFoundError(f"{type(self).__name__}: no such file {missing[0]!r}")
-        self.indexes = list(range(subtask_index, len(files), parallelism))
-        self.files = [files[g] for g in self.indexes]
-        self._resume({})
+        return files
 
-    def _resume(self, progress: dict[int, int]) -> None:
-        """Continue at the first file of this subtask that is not done, where ``progress`` says it stands."""
-        self.close()
-        self.progress = {g: progress[g] for g in self.indexes if g in progress}
-        self.file = 0
-        while self.file < len(self.indexes) and self.progress.get(self.indexes[self.file]) == DONE:
-            self.file += 1
-        self.position = self.progress.get(self.indexes[self.file], 0) if self.file < len(self.indexes) else 0
-
-    def _next_file(self) -> None:
-        """The current file was read to its end."""
-        self.progress[self.indexes[self.file]] = DONE
-        self.file += 1
-        while self.file < len(self.indexes) and self.progress.get(self.indexes[self.file]) == DONE:
-            self.file += 1
-        self.position = self.progress.get(self.indexes[self.file], 0) if self.file < len(self.indexes) else 0
-
-    def offsets(self) -> dict[str, Any]:
-        progress = dict(self.progress)
-        if self.file < len(self.indexes):
-            progress[self.indexes[self.file]] = self.position
-        return {"files": {str(g): pos for g, pos in sorted(progress.items())}}
-
-    def seek(self, offsets: dict[str, Any]) -> None:
-        self._resume(self._progress_of(offsets, self.subtask_index, self.parallelism))
-
-    def restore_positions(self, positions: list[dict[str, Any]]) -> None:
-        merged: dict[int, int] = {}
-        for old_index, offsets in enumerate(positions):
-            merged.update(self._progress_of(offsets, old_index, len(positions)))
-        self._resume(merged)
-
-    @staticmethod
-    def _progress_of(offsets: dict[str, Any], subtask_index: int, parallelism: int) -> dict[int, int]:
+    def legacy_offsets(self, offsets: dict[str, Any], subtask_index: int, parallelism: int) -> dict[str, Any]:
+        """Offsets by file index in name order (``{"files": {"k": position or -1}}``, or the first version's
+        ``{"file": k-th file of the subtask, "position": p}``), for the files listed now."""
+        files = _expand(self.paths, self.suffixes)
         if "files" in offsets:
-            return {int(g): int(pos) for g, pos in offsets["files"].items()}
-        # offsets of the first version of these sources: the k-th file of the subtask, and a position in it
-        k, position = int(offsets.get("file", 0)), int(offsets.get("position", 0))
-        progress = {subtask_index + i * parallelism: DONE for i in range(k)}
-        progress[subtask_index + k * parallelism] = position
-        return progress
+            progress = {int(g): int(pos) for g, pos in offsets["files"].items()}
+        else:
+            k, position = int(offsets.get("file", 0)), int(offsets.get("position", 0))
+            progress = {subtask_index + i * parallelism: DONE for i in range(k)}
+            progress[subtask_index + k * parallelism] = position
+        progress = {g: pos for g, pos in progress.items() if g < len(files)}
+        return {
+            "split_positions": {files[g]: pos for g, pos in progress.items() if pos != DONE},
+            "finished_splits": [files[g] for g, pos in progress.items() if pos == DONE],
+        }
 
 
 class JsonLinesSource(_FileSource):
-    """One record (the parsed JSON value) per line of ``*.jsonl``/``*.json`` files; offsets are byte positions."""
+    """One record (the parsed JSON value) per line of ``*.jsonl``/``*.json`` files; positions are byte offsets.
+    With ``batches=True`` each record is a ``pyarrow.RecordBatch`` of up to ``batch_rows`` lines (JSON objects)."""
 
     suffixes = (".jsonl", ".json", ".ndjson")
 
-    def __init__(self, paths: str | list[str]) -> None:
-        super().__init__(paths)
+    def __init__(self, paths: str | list[str], discovery_interval: float | None = None, *, batches: bool = False,
+                 batch_rows: int = 1024) -> None:
+        super().__init__(paths, discovery_interval)
+        self.batches = batches
+        self.batch_rows = batch_rows
+
+    def build_split_reader(self, split: str, position: Any | None) -> SplitReader:
+        return _JsonLinesReader(split, int(position or 0), self.batch_rows if self.batches else None)
+
+
+class _JsonLinesReader(SplitReader):
+    def __init__(self, path: str, position: int, batch_rows: int | None = None) -> None:
+        self.path, self.pos, self.batch_rows = path, position, batch_rows
         self._handle = None
 
     def poll(self, max_records: int) -> list[Any] | None:
+        if self._handle is None:
+            self._handle = open(self.path, "rb")  # noqa: SIM115 - kept open across polls
+            self._handle.seek(self.pos)
+        if self.batch_rows is not None:  # the batch form: one RecordBatch of up to batch_rows lines
+            rows = self._lines(self.batch_rows)
+            if rows is None:
+                return None
+            import pyarrow as pa
+
+            return [pa.RecordBatch.from_pylist(rows)] if rows else []
+        return self._lines(max_records)
+
+    def _lines(self, limit: int) -> list[Any] | None:
         out: list[Any] = []
-        while len(out) < max_records:
-            if self.file >= len(self.files):
-                return out or None
-            if self._handle is None:
-                self._handle = open(self.files[self.file], "rb")  # noqa: SIM115 - kept open across polls
-                self._handle.seek(self.position)
+        while len(out) < limit:
             line = self._handle.readline()
             if not line:
-                self._handle.close()
-                self._handle = None
-                self._next_file()
-                continue
-            self.position += len(line)
+                return out or None
+            self.pos += len(line)
             if line.strip():
                 out.append(json.loads(line))
         return out
 
-    def close(self) -> Any:
-        if getattr(self, "_handle", None) is not None:
+    def position(self) -> Any:
+        return self.pos
+
+    def lag(self) -> int | None:
+        """Bytes left in the file (one ``fstat`` of the open file; None before the first read)."""
+        if self._handle is None:
+            return None
+        return max(os.fstat(self._handle.fileno()).st_size - self.pos, 0)
+
+    def close(self) -> None:
+        if self._handle is not None:
             self._handle.close()
             self._handle = None
-        return None
 
 
 class ParquetSource(_FileSource):
-    """One record (a dict of the row) per row of ``*.parquet`` files; offsets are row numbers."""
+    """One record (a dict of the row) per row of ``*.parquet`` files; positions are row numbers. With
+    ``batches=True`` each record is a ``pyarrow.RecordBatch`` of up to ``batch_rows`` rows, as the file holds them."""
 
     suffixes = (".parquet",)
 
-    def __init__(self, paths: str | list[str], batch_rows: int = 1024) -> None:
-        super().__init__(paths)
+    def __init__(self, paths: str | list[str], batch_rows: int = 1024, discovery_interval: float | None = None, *,
+                 batches: bool = False) -> None:
+        super().__init__(paths, discovery_interval)
         self.batch_rows = batch_rows
+        self.batches = batches
+
+    def build_split_reader(self, split: str, position: Any | None) -> SplitReader:
+        return _ParquetReader(split, int(position or 0), self.batch_rows, self.batches)
+
+
+class _ParquetReader(SplitReader):
+    def __init__(self, path: str, position: int, batch_rows: int, batches: bool = False) -> None:
+        self.path, self.pos, self.batch_rows, self.as_batches = path, position, batch_rows, batches
         self._rows: list[dict] = []
         self._batches = None
+        self._first = None  # the batch form: the rest of the batch a restore's position falls into
+        self._num_rows: int | None = None
 
-    def _open_file(self) -> None:
+    def _open(self) -> None:
         import pyarrow.parquet as pq
 
-        pf = pq.ParquetFile(self.files[self.file])
-        self._batches = pf.iter_batches(batch_size=self.batch_rows)
-        skip = self.position
-        self._rows = []
+        f = pq.ParquetFile(self.path)
+        self._num_rows = f.metadata.num_rows
+        self._batches = f.iter_batches(batch_size=self.batch_rows)
+        skip = self.pos
         while skip > 0:
             batch = next(self._batches, None)
             if batch is None:
@@ -157,33 +167,44 @@ class ParquetSource(_FileSource):
             if batch.num_rows <= skip:
                 skip -= batch.num_rows
                 continue
-            self._rows = batch.to_pylist()[skip:]
+            if self.as_batches:
+                self._first = batch.slice(skip)
+            else:
+                self._rows = batch.to_pylist()[skip:]
             skip = 0
 
     def poll(self, max_records: int) -> list[Any] | None:
+        if self._batches is None:
+            self._open()
+        if self.as_batches:
+            batch, self._first = (self._first, None) if self._first is not None else (next(self._batches, None), None)
+            if batch is None:
+                return None
+            self.pos += batch.num_rows
+            return [batch] if batch.num_rows else []
         out: list[Any] = []
         while len(out) < max_records:
-            if self.file >= len(self.files):
-                return out or None
-            if self._batches is None:
-                self._open_file()
             if not self._rows:
-                batch = next(self._batches, None)
+                batch = next(self._batches, None)  # type: ignore[call-overload]
                 if batch is None:
-                    self._batches = None
-                    self._next_file()
-                    continue
+                    return out or None
                 self._rows = batch.to_pylist()
             take = self._rows[: max_records - len(out)]
             del self._rows[: len(take)]
             out.extend(take)
-            self.position += len(take)
+            self.pos += len(take)
         return out
 
-    def close(self) -> Any:
+    def position(self) -> Any:
+        return self.pos
+
+    def lag(self) -> int | None:
+        """Rows left, from the row count in the file's footer (None before the first read)."""
+        return None if self._num_rows is None else max(self._num_rows - self.pos, 0)
+
+    def close(self) -> None:
         self._batches = None
         self._rows = []
-        return None
 
 
 class FileSink(Sink):
@@ -197,6 +218,7 @@ class FileSink(Sink):
     """
 
     commits_on_checkpoints = True
+    suffix = ".jsonl"
 
     def __init__(self, directory: str, encoder=json.dumps) -> None:
         self.directory = directory
@@ -215,7 +237,7 @@ class FileSink(Sink):
         self._run = uuid.uuid4().hex[:8]
 
     def _inprogress(self) -> Path:
-        return self.root / ".inprogress" / f"part-{self.job_id}-{self.subtask_index}-{self._run}.jsonl"
+        return self.root / ".inprogress" / f"part-{self.job_id}-{self.subtask_index}-{self._run}{self.suffix}"
 
     def write(self, record: Any) -> None:
         if self._handle is None:
@@ -228,7 +250,7 @@ class FileSink(Sink):
         if self._handle is not None:
             self._handle.close()
             self._handle = None
-            name = f"part-{self.job_id}-{self.subtask_index}-{checkpoint_id:08d}.jsonl"
+            name = f"part-{self.job_id}-{self.subtask_index}-{checkpoint_id:08d}{self.suffix}"
             os.replace(self._inprogress(), self.root / ".pending" / name)
             self.pending.append((checkpoint_id, name))
         return {"pending": list(self.pending)}
@@ -254,8 +276,8 @@ class FileSink(Sink):
 
     def _files_of_job(self, directory: Path, job_id: int):
         """``(path, subtask, checkpoint-or-run)`` of this job's part files in ``directory``."""
-        for f in directory.glob(f"part-{job_id}-*.jsonl"):
-            parts = f.name[: -len(".jsonl")].split("-")
+        for f in directory.glob(f"part-{job_id}-*{self.suffix}"):
+            parts = f.name[: -len(self.suffix)].split("-")
             if len(parts) == 4 and parts[2].isdigit():
                 yield f, int(parts[2]), parts[3]
 

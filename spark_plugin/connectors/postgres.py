@@ -10,6 +10,10 @@ older checkpoint or savepoint by name) produces that checkpoint's output again. 
 first, in one transaction: the marker keeps the id of the transaction that inserted the rows (PostgreSQL's
 ``xmin`` of each row it inserted) and how many it inserted, so the rows are found without a column of the
 sink's own in the table, and the delete is checked against the count before it commits.
+
+**Batches.** A ``pyarrow.RecordBatch`` (a batch stream's record) or a pandas ``DataFrame`` is kept whole and
+written with ``COPY ... FROM STDIN`` in the same commit transaction, under the same marker, its columns taken by
+name: the sink's ``columns``, or without them every column of the batch.
 """
 
 from __future__ import annotations
@@ -35,11 +39,17 @@ class RewindRefused(RuntimeError):
     """Withdrawing committed output would delete rows the sink did not write; nothing was deleted."""
 
 
+def _is_batch(record: Any) -> bool:
+    return type(record).__name__ in ("RecordBatch", "DataFrame")
+
+
 class PostgresSink(Sink):
     """Inserts ``to_row(record)`` into ``table (columns...)``, committed on checkpoint completion.
 
-    ``dsn`` is a libpq connection string or ``postgresql://`` URL; ``name`` identifies this sink's commit
-    markers within a job (default: the table name).
+    A record that is a ``pyarrow.RecordBatch`` or a pandas ``DataFrame`` goes in with ``COPY``: its columns named
+    by ``columns`` (by name, in any order; a batch without one of them fails the sink), or all of its columns when
+    the sink names none (then it takes batches only). ``dsn`` is a libpq connection string or ``postgresql://``
+    URL; ``name`` identifies this sink's commit markers within a job (default: the table name).
     """
 
     commits_on_checkpoints = True
@@ -48,18 +58,19 @@ class PostgresSink(Sink):
         self,
         dsn: str,
         table: str,
-        columns: Sequence[str],
+        columns: Sequence[str] | None = None,
         to_row: Callable[[Any], Sequence[Any]] | None = None,
         name: str | None = None,
     ) -> None:
         self.dsn = dsn
         self.table = table
-        self.columns = list(columns)
+        self.columns = None if columns is None else list(columns)
         self.to_row = to_row or (lambda r: r)
         self.name = name or table
-        self.buffer: list[tuple] = []
-        self.pending: list[tuple[int, list[tuple]]] = []
+        self.buffer: list[Any] = []  # rows (tuples) and batches, in the order written
+        self.pending: list[tuple[int, list[Any]]] = []
         self.committed_rows = 0
+        self.copied_rows = 0
         self.withdrawn_rows = 0
         self.withdrawn_checkpoints: list[int] = []
         self._conn = None
@@ -90,7 +101,32 @@ class PostgresSink(Sink):
                 )
 
     def write(self, record: Any) -> None:
-        self.buffer.append(tuple(self.to_row(record)))
+        if _is_batch(record):
+            self.buffer.append(self._batch(record))
+        elif self.columns is None:
+            raise TypeError(
+                f"PostgresSink {self.name!r} names no columns, so it takes batches (a pyarrow.RecordBatch or a pandas "
+                f"DataFrame) only, not {type(record).__name__}: give it columns=[...] for records"
+            )
+        else:
+            self.buffer.append(tuple(self.to_row(record)))
+
+    def _batch(self, record: Any) -> Any:
+        """``record`` as a ``RecordBatch`` of the columns the sink writes, by name."""
+        import pyarrow as pa
+
+        if not isinstance(record, pa.RecordBatch):
+            record = pa.RecordBatch.from_pandas(record, preserve_index=False)
+        batch = record
+        if self.columns is None:
+            return batch
+        missing = [c for c in self.columns if c not in batch.schema.names]
+        if missing:
+            raise KeyError(
+                f"PostgresSink {self.name!r} writes columns {self.columns} of {self.table}; the batch has no "
+                f"{', '.join(map(repr, missing))} (it has {batch.schema.names}): rename or add them with map_batches"
+            )
+        return batch.select(self.columns)
 
     def snapshot(self, checkpoint_id: int) -> Any:
         if self.buffer:
@@ -98,21 +134,39 @@ class PostgresSink(Sink):
             self.buffer = []
         return {"subtask": self.subtask_index, "pending": list(self.pending)}
 
-    def _commit(self, checkpoint_id: int, rows: list[tuple], subtask: int | None = None) -> None:
+    def _commit(self, checkpoint_id: int, items: list[Any], subtask: int | None = None) -> None:
         assert self._conn is not None
-        cols = ", ".join(_ident(c) for c in self.columns)
-        marks = ", ".join(["%s"] * len(self.columns))
+        rows = [r for r in items if not _is_batch(r)]
+        batches = [b for b in items if _is_batch(b)]
+        count = len(rows) + sum(b.num_rows for b in batches)
         with self._conn.transaction():
             cur = self._conn.execute(
                 f"INSERT INTO {MARKERS} (sink, job_id, subtask, checkpoint_id, xact, row_count) "
                 "VALUES (%s, %s, %s, %s, pg_current_xact_id(), %s) ON CONFLICT DO NOTHING RETURNING checkpoint_id",
-                (self.name, self.job_id, self.subtask_index if subtask is None else subtask, checkpoint_id, len(rows)),
+                (self.name, self.job_id, self.subtask_index if subtask is None else subtask, checkpoint_id, count),
             )
             if cur.fetchone() is None:
                 return  # committed before (by the attempt that failed after committing)
             with self._conn.cursor() as c:
-                c.executemany(f"INSERT INTO {_ident(self.table)} ({cols}) VALUES ({marks})", rows)
-        self.committed_rows += len(rows)
+                if rows:
+                    assert self.columns is not None
+                    cols = ", ".join(_ident(col) for col in self.columns)
+                    marks = ", ".join(["%s"] * len(self.columns))
+                    c.executemany(f"INSERT INTO {_ident(self.table)} ({cols}) VALUES ({marks})", rows)
+                for batch in batches:
+                    self._copy(c, batch)
+        self.committed_rows += count
+        self.copied_rows += count - len(rows)
+
+    def _copy(self, cursor: Any, batch: Any) -> None:
+        """The rows of ``batch`` into the table with ``COPY ... FROM STDIN``, its columns by name."""
+        if not batch.num_rows:
+            return
+        cols = ", ".join(_ident(name) for name in batch.schema.names)
+        values = [column.to_pylist() for column in batch.columns]
+        with cursor.copy(f"COPY {_ident(self.table)} ({cols}) FROM STDIN") as copy:
+            for row in zip(*values, strict=True):
+                copy.write_row(row)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         keep = []
@@ -180,7 +234,7 @@ class PostgresSink(Sink):
 
     def restore(self, state: Any) -> None:
         for cid, rows in state["pending"]:  # part of a completed checkpoint, written by subtask state["subtask"]
-            self._commit(cid, [tuple(r) for r in rows], state.get("subtask"))
+            self._commit(cid, [r if _is_batch(r) else tuple(r) for r in rows], state.get("subtask"))
         self.pending = []
 
     def close(self) -> Any:
@@ -189,7 +243,8 @@ class PostgresSink(Sink):
             self._conn = None
         return {
             "committed_rows": self.committed_rows,
-            "uncommitted_rows": len(self.buffer),
+            "uncommitted_rows": sum(r.num_rows if _is_batch(r) else 1 for r in self.buffer),
+            "copied_rows": self.copied_rows,
             "withdrawn_rows": self.withdrawn_rows,
             "withdrawn_checkpoints": self.withdrawn_checkpoints,
         }

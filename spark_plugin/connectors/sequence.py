@@ -6,7 +6,7 @@ import bisect
 import time
 from typing import Any
 
-from spark_plugin.connectors.base import Source
+from spark_plugin.connectors.base import PartitionedSource, SplitReader
 
 
 def _uniform(seq: int) -> float:
@@ -18,15 +18,15 @@ def _uniform(seq: int) -> float:
     return (z >> 11) / float(1 << 53)
 
 
-class SequenceSource(Source):
+class SequenceSource(PartitionedSource):
     """Emits ``(key, seq)`` records from interleaved splits: of ``n`` splits, split ``s`` emits seq ``s, s+n, s+2n,
-    ...``. A job's first run has one split per source subtask; the splits stay when the source is rescaled, and each
-    subtask reads the splits ``s`` with ``s % parallelism == index`` in turn, so every seq is emitted exactly once
-    and in order within its split.
+    ...``. A job's first run has one split per source subtask (split ``s`` of ``n`` is named ``"n:s"``); the splits
+    stay when the source is rescaled (the runtime moves them whole), so every seq is emitted exactly once and in
+    order within its split.
 
-    ``count`` bounds the total over all splits (None: unbounded), ``rate`` is records per second per subtask
-    (None: as fast as the output takes them), ``keys`` the number of distinct keys and ``skew`` the Zipf exponent
-    of the key distribution (0: uniform). A record's key depends only on its seq, so a replay is identical.
+    ``count`` bounds the total over all splits (None: unbounded), ``rate`` is records per second per split (None: as
+    fast as the output takes them), ``keys`` the number of distinct keys and ``skew`` the Zipf exponent of the key
+    distribution (0: uniform). A record's key depends only on its seq, so a replay is identical.
     ``payload`` adds a string of that many bytes to each record: ``(key, seq, payload)``.
     """
 
@@ -41,7 +41,7 @@ class SequenceSource(Source):
         if count is not None and count < 0:
             raise ValueError(f"count {count} must not be negative")
         if rate is not None and rate <= 0:
-            raise ValueError(f"rate {rate} must be positive (records per second per subtask) or None")
+            raise ValueError(f"rate {rate} must be positive (records per second per split) or None")
         if keys < 1:
             raise ValueError(f"keys {keys} must be at least 1")
         if skew < 0:
@@ -51,12 +51,8 @@ class SequenceSource(Source):
         self.keys = keys
         self.skew = skew
         self.payload = payload
-        self.splits = 0
-        self.positions: dict[int, int] = {}
-        """Records emitted so far of each split this subtask reads."""
 
     def open(self, subtask_index: int, parallelism: int) -> None:
-        super().open(subtask_index, parallelism)
         weights = [1.0 / ((k + 1) ** self.skew) for k in range(self.keys)]
         total = sum(weights)
         acc = 0.0
@@ -66,79 +62,87 @@ class SequenceSource(Source):
             self._cdf.append(acc)
         self._cdf[-1] = 1.0
         self._pad = "x" * self.payload
-        self._own(parallelism, {subtask_index: 0})
-
-    def _own(self, splits: int, positions: dict[int, int]) -> None:
-        self.splits = splits
-        self.positions = dict(sorted(positions.items()))
-        self._started = time.monotonic()
-        self._emitted_at_start = self.emitted
-
-    @property
-    def emitted(self) -> int:
-        return sum(self.positions.values())
+        super().open(subtask_index, parallelism)
 
     def key_of(self, seq: int) -> int:
         return bisect.bisect_right(self._cdf, _uniform(seq))
 
-    def _split_limit(self, split: int) -> int | None:
+    def record(self, seq: int) -> tuple:
+        return (self.key_of(seq), seq, self._pad) if self.payload else (self.key_of(seq), seq)
+
+    def split_limit(self, split: int, splits: int) -> int | None:
+        """Records split ``split`` of ``splits`` emits in all (None: unbounded)."""
         if self.count is None:
             return None
-        n = self.splits
-        return (self.count - split + n - 1) // n if self.count > split else 0
+        return (self.count - split + splits - 1) // splits if self.count > split else 0
 
-    def _limit(self) -> int | None:
-        """Records this subtask emits in all (None: unbounded)."""
-        if self.count is None:
-            return None
-        return sum(self._split_limit(s) or 0 for s in self.positions)
+    @property
+    def emitted(self) -> int:
+        """Records emitted so far of the splits this subtask reads."""
+        return sum(self.emitted_per_split(self.offsets()).values())
 
-    def poll(self, max_records: int) -> list[Any] | None:
-        n = max_records
-        if self.rate is not None:
-            allowed = int(self.rate * (time.monotonic() - self._started)) - (self.emitted - self._emitted_at_start)
-            n = min(n, max(allowed, 0))
-        live = [s for s in self.positions if (lim := self._split_limit(s)) is None or self.positions[s] < lim]
-        if not live:
-            return None
-        out: list[Any] = []
-        key_of, pad, step = self.key_of, self._pad, self.splits
-        while len(out) < n and live:
-            for s in list(live):
-                k = self.positions[s]
-                seq = s + k * step
-                out.append((key_of(seq), seq, pad) if self.payload else (key_of(seq), seq))
-                self.positions[s] = k + 1
-                lim = self._split_limit(s)
-                if lim is not None and k + 1 >= lim:
-                    live.remove(s)
-                if len(out) >= n:
-                    break
+    # ------------------------------------------------------------------ PartitionedSource
+
+    def list_splits(self) -> list[str]:
+        """One split per subtask of the job's first run: as many as the restored checkpoint had, if any."""
+        n = int(self.restored_splits[0].split(":")[0]) if self.restored_splits else self.parallelism
+        return [f"{n}:{s}" for s in range(n)]
+
+    def build_split_reader(self, split: str, position: Any | None) -> SplitReader:
+        n, s = (int(x) for x in split.split(":"))
+        return _SequenceSplitReader(self, s, n, int(position or 0))
+
+    def legacy_offsets(self, offsets: dict[str, Any], subtask_index: int, parallelism: int) -> dict[str, Any]:
+        """``{"splits": n, "positions": {s: emitted}}``, or the first version's ``{"emitted": k}`` (one split per
+        subtask)."""
+        if "positions" in offsets:
+            n = int(offsets["splits"])
+            return {"split_positions": {f"{n}:{s}": int(k) for s, k in offsets["positions"].items()}}
+        return {"split_positions": {f"{parallelism}:{subtask_index}": int(offsets.get("emitted", 0))}}
+
+    @staticmethod
+    def emitted_per_split(offsets: dict[str, Any]) -> dict[tuple[int, int], int]:
+        """Records emitted of each split ``(s, n)`` (split ``s`` of ``n``: seqs ``s + k * n``), from a subtask's
+        offsets."""
+        out = {}
+        for split, k in (offsets.get("split_positions") or {}).items():
+            n, s = (int(x) for x in split.split(":"))
+            out[(s, n)] = int(k or 0)
         return out
 
-    def wait_hint(self) -> float | None:
-        if self.rate is None:
+    @staticmethod
+    def seqs_emitted(offsets: dict[str, Any]) -> list[int]:
+        """Every seq emitted by the subtask whose offsets these are."""
+        return [s + k * n for (s, n), count in SequenceSource.emitted_per_split(offsets).items() for k in range(count)]
+
+
+class _SequenceSplitReader(SplitReader):
+    """Split ``s`` of ``n`` from its ``k``-th record on."""
+
+    def __init__(self, source: SequenceSource, s: int, n: int, k: int) -> None:
+        self.source, self.s, self.n, self.k = source, s, n, k
+        self.limit = source.split_limit(s, n)
+        self._started, self._from = time.monotonic(), k
+
+    def poll(self, max_records: int) -> list[Any] | None:
+        if self.limit is not None and self.k >= self.limit:
             return None
-        return 1.0 / self.rate
+        m = max_records if self.limit is None else min(max_records, self.limit - self.k)
+        rate = self.source.rate
+        if rate is not None:
+            m = min(m, max(int(rate * (time.monotonic() - self._started)) - (self.k - self._from), 0))
+        record, s, n = self.source.record, self.s, self.n
+        out = [record(s + k * n) for k in range(self.k, self.k + m)]
+        self.k += m
+        return out
 
-    def offsets(self) -> dict[str, Any]:
-        return {"splits": self.splits, "positions": {str(s): k for s, k in self.positions.items()}}
+    def position(self) -> Any:
+        return self.k
 
-    def seek(self, offsets: dict[str, Any]) -> None:
-        if "positions" in offsets:
-            self._own(int(offsets["splits"]), {int(s): int(k) for s, k in offsets["positions"].items()})
-        else:  # offsets of a single split per subtask, as the first version of this source wrote them
-            self._own(self.parallelism, {self.subtask_index: int(offsets.get("emitted", 0))})
+    def lag(self) -> int | None:
+        """Records left of a bounded split (None: unbounded)."""
+        return None if self.limit is None else max(self.limit - self.k, 0)
 
-    def restore_positions(self, positions: list[dict[str, Any]]) -> None:
-        """Take the splits this subtask owns at its parallelism, each where the checkpoint left it."""
-        merged: dict[int, int] = {}
-        splits = len(positions)
-        for old_index, offsets in enumerate(positions):
-            if "positions" in offsets:
-                splits = int(offsets["splits"])
-                merged.update({int(s): int(k) for s, k in offsets["positions"].items()})
-            else:
-                merged[old_index] = int(offsets.get("emitted", 0))
-        mine = range(self.subtask_index, splits, self.parallelism)
-        self._own(splits, {s: merged.get(s, 0) for s in mine})
+    def wait_hint(self) -> float | None:
+        rate = self.source.rate
+        return None if rate is None else 1.0 / rate

@@ -9,6 +9,7 @@ import os
 import pickle
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -38,6 +39,38 @@ class RunFailed(RuntimeError):
         self.job_id = job_id
         self.attempt = attempt
         self.restore_plan = restore_plan
+
+
+class SlotsNotBack(RunFailed):
+    """The attempt opened, but Spark did not offer the task slots its barrier stage needs within the wait."""
+
+
+@dataclass
+class SlotWait:
+    """How :func:`run_pipeline` waits for task slots (the supervisor's restarts): it opens the attempt, saying in its
+    reason (the job's status message) that it waits and for what, then polls ``slots()`` every ``poll`` seconds for
+    up to ``seconds``; past that it raises :class:`SlotsNotBack`. ``lost`` names what the cluster lost (the
+    executors), for both messages."""
+
+    seconds: float
+    slots: Callable[[], int]
+    lost: str = ""
+    sleep: Callable[[float], None] = time.sleep
+    poll: float = 1.0
+
+    def stated(self, needed: int, offered: int) -> str:
+        since = f"; lost {self.lost}" if self.lost else ""
+        return f"waiting up to {self.seconds:g} s for {needed} task slots (Spark offers {offered}{since})"
+
+    def until(self, needed: int) -> int:
+        """The slots Spark offers once they reach ``needed``, or when the wait is over (fewer)."""
+        waited = 0.0
+        while True:
+            slots = self.slots()
+            if slots >= needed or waited >= self.seconds:
+                return slots
+            self.sleep(self.poll)
+            waited += self.poll
 
 
 @dataclass
@@ -129,6 +162,8 @@ def run_pipeline(
     max_coordinator_outage: float = DEFAULT_MAX_OUTAGE,
     attempt_reason: str | None = None,
     job_group: str | None = None,
+    wait_for_slots: SlotWait | None = None,
+    on_attempt: Callable[[int, int], None] | None = None,
 ) -> RunResult:
     """Run ``pipeline`` on Spark as one barrier stage, checkpointed by the coordinator at ``coordinator``.
 
@@ -144,20 +179,29 @@ def run_pipeline(
     The time limit counts from the moment all Spark tasks of the stage are up. A subtask that cannot reach the
     coordinator for longer than ``max_coordinator_outage`` seconds fails (and with it the stage).
     ``attempt_reason`` says why the attempt starts (the job's status message while it runs); ``job_group`` names
-    the Spark job group of the stage, so it can be cancelled.
+    the Spark job group of the stage, so it can be cancelled. Without ``wait_for_slots`` a Spark that offers fewer
+    task slots than the stage needs fails the run at once, before anything is registered; with it (a restart of an
+    existing job) the attempt opens, says that it waits, and waits (see :class:`SlotWait`). ``on_attempt(job_id,
+    attempt)`` is called once the attempt is open (the supervisor's watches follow that attempt's metrics).
     """
     _check_limits(time_limit, stop_after_checkpoints)
     plan = pipeline.plan()
     specs = subtask_specs(plan)
     sc = spark.sparkContext
-    slots = task_slots(sc)
-    if slots < len(specs):
+    slots = wait_for_slots.slots() if wait_for_slots is not None else task_slots(sc)
+    if slots < len(specs) and wait_for_slots is None:
         chains = ", ".join(f"{v.name} x{v.parallelism}" for v in plan.vertices)
         raise PipelineError(
             f"pipeline {plan.name!r} runs {len(specs)} subtasks ({chains}) as one Spark barrier stage, which needs "
             f"{len(specs)} task slots, but the Spark master {sc.master!r} offers {slots}; "
             f"use local[{len(specs)}] (or more executor cores)"
         )
+    short = slots < len(specs)
+    if short:
+        assert wait_for_slots is not None
+        said = wait_for_slots.stated(len(specs), slots)
+        log.warning("pipeline %s: %s", plan.name, said)
+        attempt_reason = "; ".join(r for r in (attempt_reason, said) if r)
     if checkpoint is None:
         checkpoint = CheckpointConfig()
     elif isinstance(checkpoint, dict):
@@ -179,18 +223,18 @@ def run_pipeline(
         attempt = patiently(
             lambda: client.start_attempt(
                 job.id, restore_from=restore_from, parallelism=changes or None, wait_for_running=True,
-                reason=attempt_reason,
+                reason=_clamped(attempt_reason),
             ),
             f"starting an attempt of job {job.id}", max_coordinator_outage,
         )
+        if on_attempt is not None:
+            on_attempt(job.id, attempt.attempt)
         if changes:
             log.info("job %s attempt %s runs rescaled: %s", job.id, attempt.attempt, changes)
         for fb in attempt.restore_plan.fallbacks:
             log.warning("job %s attempt %s: checkpoint %s passed over: %s", job.id, attempt.attempt,
                         fb.checkpoint_id, fb.reason)
-        restore = {
-            (s.vertex, s.subtask_index): s.model_dump(mode="json") for s in attempt.restore_plan.subtasks
-        }
+        restore = {(s.vertex, s.subtask_index): s for s in attempt.restore_plan.subtasks}
         network = network or NetworkConfig()
         if attempt.restore_plan.rescaled and network.checkpoints_during_recovery:
             # a rescaled restore keeps keys in order only by the gates' recovery order across channels, which a
@@ -198,6 +242,20 @@ def run_pipeline(
             log.info("job %s attempt %s is rescaled: no checkpoints while it replays its in-flight data",
                      job.id, attempt.attempt)
             network = replace(network, checkpoints_during_recovery=False)
+        if short:
+            assert wait_for_slots is not None
+            slots = wait_for_slots.until(len(specs))
+            if slots < len(specs):
+                lost = f" (lost {wait_for_slots.lost})" if wait_for_slots.lost else ""
+                message = (
+                    f"job {job.id} attempt {attempt.attempt}: the Spark barrier stage needs {len(specs)} task slots, "
+                    f"but the Spark master {sc.master!r} offered {slots} for {wait_for_slots.seconds:g} s{lost}; add "
+                    f"executors, or run with fit_to_slots=FitToSlots() to go on with fewer"
+                )
+                if fail_job_on_error:
+                    _finish(client, job.id, "FAILED", message, attempt.attempt, max_coordinator_outage)
+                raise SlotsNotBack(message, job.id, attempt.attempt, attempt.restore_plan)
+            log.warning("pipeline %s: Spark offers the %d task slots again", plan.name, slots)
         after = patiently(
             lambda: _event_cursor(client, job.id, attempt.attempt), "reading the job's events", max_coordinator_outage
         )
@@ -244,6 +302,19 @@ def run_pipeline(
         client.close()
 
 
+REASON_LIMIT = 2000
+"""Characters of an attempt's reason the coordinator takes (``AttemptCreate.reason``)."""
+
+
+def _clamped(reason: str | None) -> str | None:
+    """The reason within the coordinator's limit, cut in the middle: its start says why the attempt starts, its end
+    what it waits for."""
+    if reason is None or len(reason) <= REASON_LIMIT:
+        return reason
+    half = (REASON_LIMIT - 3) // 2
+    return f"{reason[:half]} … {reason[-half:]}"
+
+
 _RAISED = re.compile(r"^[\w.]*(SubtaskFailed|PipelineError|Error|Exception): ")
 """A line of a Python traceback that names the exception raised (not a source line that mentions it)."""
 
@@ -261,8 +332,14 @@ def _short(e: BaseException) -> str:
                 return line[:500]
     if python:
         return python[-1][:500]
-    if raised:
-        return raised[0][:500]
+    # a task lost with its executor raised nothing: Spark's reason names the executor (py4j's first line only names
+    # the call that failed, "An error occurred while calling z:...PythonRDD.collectAndServe")
+    for line in lines:
+        if line.startswith("ExecutorLostFailure"):
+            return line[:500]
+    jvm = [line.removeprefix(": ") for line in lines if _RAISED.match(line.removeprefix(": "))]
+    if jvm:
+        return jvm[0][:500]
     return lines[0][:500] if text.strip() else type(e).__name__
 
 

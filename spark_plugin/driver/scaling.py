@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from contract.models import Partitioning
 from spark_plugin.api.errors import PipelineError
 from spark_plugin.api.pipeline import PipelineDefinition
 from spark_plugin.plan.job import JobPlan
@@ -54,7 +55,7 @@ def _forward_groups(plan: JobPlan) -> list[list[str]]:
     group_of = {v.id: {v.id} for v in plan.vertices}
     for v in plan.vertices:
         for e in v.outputs:
-            if e.partitioning == "forward":
+            if e.partitioning == Partitioning.forward:
                 merged = group_of[e.source] | group_of[e.target]
                 for vid in merged:
                     group_of[vid] = merged

@@ -13,7 +13,7 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
-from contract.models import NAME_RE
+from contract.models import NAME_RE, Partitioning
 
 KIND = "structured_streaming"
 QUERY_LABEL = "spark_query_id"  # Spark's query id: stable across restarts from the same checkpoint location
@@ -136,7 +136,7 @@ def graph_of(progress: dict[str, Any] | None) -> dict[str, Any]:
             {"id": vid, "name": _short(op.get("operatorName")), "parallelism": n, "max_parallelism": n,
              "keyed": True}
         )
-        edges += [{"source": u, "target": vid, "partitioning": "hash"} for u in upstream]
+        edges += [{"source": u, "target": vid, "partitioning": Partitioning.hash.value} for u in upstream]
         upstream, parallelism = [vid], n
     sink = progress.get("sink") or {}
     vertices.append(
@@ -148,7 +148,7 @@ def graph_of(progress: dict[str, Any] | None) -> dict[str, Any]:
             "kind": "sink",
         }
     )
-    edges += [{"source": u, "target": "sink", "partitioning": "forward"} for u in upstream]
+    edges += [{"source": u, "target": "sink", "partitioning": Partitioning.forward.value} for u in upstream]
     return {"vertices": vertices, "edges": edges}
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from contract.channel_state import check_codec
+
 BACKLOG = 1
 """Buffers an output channel may queue beyond the credit its receiver granted (Flink's subpartition backlog): one
 buffer ready to go the moment a credit arrives, no more. The rest of a backpressured pipeline's data waits upstream,
@@ -42,14 +44,20 @@ class NetworkConfig:
     ``buffer-debloat.threshold-percentages``)."""
     debloat_samples: int = 20
     """Samples of the moving average that smooths the size (Flink's ``buffer-debloat.samples``)."""
-    checkpoints_during_recovery: bool = False
+    checkpoints_during_recovery: bool = True
     """A restored subtask takes checkpoints while it still replays its restored in-flight data: what it has not
-    replayed yet is written into the new checkpoint's channel state (Flink 2.x's FLIP-547, off by default there
-    too). Off: the attempt takes no checkpoint until every subtask replayed everything. A restore that rescaled
-    the job takes none during recovery either way (see docs/recovery.md)."""
+    replayed yet is written into the new checkpoint's channel state (Flink 2.x's FLIP-547, which is off by default
+    there). Off: the attempt takes no checkpoint until every subtask replayed everything, so a second failure
+    during a long replay starts over from the same checkpoint. A restore that rescaled the job takes none during
+    recovery either way (see docs/recovery.md, "Checkpoints during recovery")."""
     ack_relay: bool = True
     """The subtasks of one host send their acks through one task's relay, which sends the acks that are waiting as
     one request per checkpoint (``spark_plugin.task.ack_relay``). Off: every subtask sends its own ack requests."""
+    channel_state_compression: str | None = None
+    """The codec persisted channel state is compressed with, each buffer on its own: ``"lz4"`` (the LZ4 frame
+    format) or ``"zstd"``, through pyarrow; None (the default): stored as the buffers travelled. Restores read
+    what each segment says, so a job may change it between attempts (see docs/recovery.md, "Compressed channel
+    state")."""
 
     def __post_init__(self) -> None:
         if self.buffer_size < 64:
@@ -71,6 +79,7 @@ class NetworkConfig:
                 "partly filled buffer whenever its channel can take it; Flink's buffer timeout is 0.1)"
             )
         self._check_debloating()
+        check_codec(self.channel_state_compression)
 
     def _check_debloating(self) -> None:
         target = self.debloat_target_s

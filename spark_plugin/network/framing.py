@@ -1,24 +1,22 @@
 """Records inside buffers: a buffer is framed records (``contract.channel_state``), built and read on the hot path.
 
-Records are pickled once each, when they are appended, and a whole buffer travels and is persisted as it is:
+Records are encoded once each, when they are appended (pickled, or as Arrow IPC for the batches of batch streams:
+``contract.record_codec``), and a whole buffer travels and is persisted as it is:
 channel state stores the exact bytes that were sent and never re-serializes. A reader decodes a buffer lazily, one
 record at a time, and can hand out the byte range of the records it has not processed yet (itself a valid buffer).
 """
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from contract.channel_state import FRAME, count_frames, frame
+from contract.record_codec import decode, encode
 
 _pack = FRAME.pack
 _unpack_from = FRAME.unpack_from
 _FRAME_SIZE = FRAME.size
-_dumps = pickle.dumps
-_loads = pickle.loads
-_PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
 class BufferBuilder:
@@ -37,7 +35,7 @@ class BufferBuilder:
 
         A record larger than the capacity still goes into a buffer of its own (buffers hold whole records).
         """
-        data = _dumps(record, _PROTOCOL)
+        data = encode(record)
         self._parts.append(_pack(len(data)))
         self._parts.append(data)
         self.size += _FRAME_SIZE + len(data)
@@ -58,7 +56,7 @@ class BufferBuilder:
 
 def encode_records(records: Iterable[Any]) -> bytes:
     """Frame records into one buffer (no size limit); used for recovered state and by tests."""
-    return frame(_dumps(r, _PROTOCOL) for r in records)
+    return frame(encode(r) for r in records)
 
 
 def decode_records(buffer: bytes | memoryview) -> list[Any]:
@@ -67,7 +65,7 @@ def decode_records(buffer: bytes | memoryview) -> list[Any]:
 
 
 def count_records(buffer: bytes | memoryview) -> int:
-    """Count the records of a buffer without unpickling them."""
+    """Count the records of a buffer without decoding them."""
     return count_frames(buffer)
 
 
@@ -94,7 +92,7 @@ class BufferReader:
         start = pos + _FRAME_SIZE
         self.pos = start + length
         self.records_read += 1
-        return _loads(self.data[start : self.pos])
+        return decode(self.data[start : self.pos])
 
     def __iter__(self) -> Iterator[Any]:
         while self.pos < len(self.data):

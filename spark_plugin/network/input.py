@@ -44,72 +44,30 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 
+from contract.models import RestoreSegment
 from spark_plugin.network import wire
 from spark_plugin.network.barrier import CheckpointBarrier
+from spark_plugin.network.channel_items import (
+    DATA,
+    END,
+    RECOVERY_END,
+    Barrier,
+    Buffer,
+    HeldBarrier,
+    PriorityBarrier,
+    QueueItem,
+    RecoveredBuffer,
+    RecoveryEnd,
+)
 from spark_plugin.network.debloat import BufferDebloater
+from spark_plugin.network.input_channel import InputChannel
 from spark_plugin.network.mailbox import Mailbox
-from spark_plugin.network.persisting import ChannelStatePersister, ChannelStateWriting
+from spark_plugin.network.persisting import ChannelStateWriting
+from spark_plugin.network.recovered import FetchBlob, Recovered, route_input
 from spark_plugin.plan.topology import ChannelInfo
-
-BUFFER = "B"
-RECOVERED = "R"  # a buffer of recovered input channel state: processed first, returns no credit
-BARRIER = "E"
-PRIORITY = "P"
-HELD = "H"  # a priority barrier the subtask acted on, left where it arrived: its channel is blocked until the snapshot
-END = "END"
-RECOVERY_END = "RECOVERY_END"  # the upstream sent all of its restored output channel state on this channel
-
-DATA = (BUFFER, RECOVERED)
-
-
-class InputChannel:
-    """One channel's receiving side: its queue of buffers and barrier markers, its credit account, its persister."""
-
-    def __init__(self, index: int, info: ChannelInfo, writer: ChannelStateWriting | None = None) -> None:
-        self.index = index
-        self.info = info
-        self.items: deque[tuple] = deque()
-        self.sock: socket.socket | None = None
-        self.granted = 0
-        self.floating = 0
-        self.backlog = 0
-        self.blocked = False
-        self.ended = False
-        self.persister = ChannelStatePersister(info, writer)
-        self.recovery_ended = False
-        self.received_buffers = 0
-        self.received_bytes = 0
-        self.error: BaseException | None = None
-
-    def checkpoint_started(self, checkpoint_id: int, in_hand: bytes | None) -> None:
-        """Persist this channel's in-flight data for ``checkpoint_id`` until its barrier arrives here."""
-        self.persister.start(checkpoint_id, in_hand)
-
-    def checkpoint_stopped(self, checkpoint_id: int) -> None:
-        """The barrier of ``checkpoint_id`` arrived here: persist the buffers it overtook in the queue, then stop."""
-        self.persister.stop(checkpoint_id, self.buffers_before(checkpoint_id))
-
-    def bytes_before(self, checkpoint_id: int) -> int:
-        """The bytes queued ahead of ``checkpoint_id``'s barrier marker (all queued bytes when none is queued)."""
-        n = 0
-        for item in self.items:
-            if item[0] in (PRIORITY, BARRIER) and item[1].checkpoint_id == checkpoint_id:
-                return n
-            if item[0] in DATA:
-                n += len(item[1])
-        return n
-
-    def buffers_before(self, checkpoint_id: int) -> list[bytes]:
-        """The queued buffers ahead of ``checkpoint_id``'s priority (or held) barrier ([] when no such barrier is
-        queued)."""
-        ahead: list[bytes] = []
-        for item in self.items:
-            if item[0] in (PRIORITY, HELD) and item[1].checkpoint_id == checkpoint_id:
-                return ahead
-            if item[0] in DATA:
-                ahead.append(item[1])
-        return []
 
 
 class InputGate:
@@ -165,7 +123,7 @@ class InputGate:
                 kind, aux, payload = wire.recv(sock)
                 with self.mailbox.lock:
                     if kind == wire.BUFFER:
-                        ch.items.append((BUFFER, payload))
+                        ch.items.append(Buffer(payload))
                         ch.granted -= 1
                         ch.backlog = aux
                         ch.received_buffers += 1
@@ -176,9 +134,9 @@ class InputGate:
                     elif kind == wire.PRIORITY:
                         self._queue_priority(ch, CheckpointBarrier.decode(payload))
                     elif kind == wire.RECOVERY_END:
-                        ch.items.append((RECOVERY_END,))
+                        ch.items.append(RECOVERY_END)
                     elif kind == wire.END:
-                        ch.items.append((END,))
+                        ch.items.append(END)
                         self.mailbox.signal_locked()
                         return
                     self.mailbox.signal_locked()
@@ -190,20 +148,20 @@ class InputGate:
 
     def _queue_priority(self, ch: InputChannel, barrier: CheckpointBarrier) -> None:
         if barrier.checkpoint_id in self.held:
-            ch.items.append((BARRIER, barrier.as_aligned()))
+            ch.items.append(Barrier(barrier.as_aligned()))
             return
-        ch.items.append((PRIORITY, barrier))
+        ch.items.append(PriorityBarrier(barrier))
         self.priority.append((ch.index, barrier))
 
     def _queue_barrier(self, ch: InputChannel, barrier: CheckpointBarrier) -> None:
         """Queue an aligned barrier; one whose alignment timeout already passed overtakes at once (lock held)."""
         deadline = barrier.deadline
         if deadline is None or barrier.unaligned:
-            ch.items.append((BARRIER, barrier))
+            ch.items.append(Barrier(barrier))
         elif time.time() * 1000 >= deadline and not ch.blocked:
             self._queue_priority(ch, barrier.as_unaligned())
         else:
-            ch.items.append((BARRIER, barrier))
+            ch.items.append(Barrier(barrier))
             self.next_deadline = deadline if self.next_deadline is None else min(self.next_deadline, deadline)
 
     def convert_due(self, now_ms: int) -> int:
@@ -213,18 +171,19 @@ class InputGate:
         later: int | None = None
         for ch in self.channels:
             for pos, item in enumerate(ch.items):
-                if item[0] != BARRIER or item[1].unaligned or item[1].deadline is None:
+                if type(item) is not Barrier:
                     continue
-                if item[1].checkpoint_id in self.held:
+                barrier = item.barrier
+                if barrier.unaligned or barrier.deadline is None or barrier.checkpoint_id in self.held:
                     continue
-                deadline = item[1].deadline
+                deadline = barrier.deadline
                 if deadline > now_ms:
                     later = deadline if later is None else min(later, deadline)
                 elif ch.blocked:
                     later = now_ms + 50 if later is None else min(later, now_ms + 50)  # look again soon
                 else:
-                    unaligned = item[1].as_unaligned()
-                    ch.items[pos] = (PRIORITY, unaligned)
+                    unaligned = barrier.as_unaligned()
+                    ch.items[pos] = PriorityBarrier(unaligned)
                     self.priority.append((ch.index, unaligned))
                     converted += 1
         self.next_deadline = later
@@ -277,10 +236,10 @@ class InputGate:
         ``RECOVERY_END``, None once recovery is over (lock held)."""
         if not self.recovering:
             return None
-        if any(ch.items and ch.items[0][0] == RECOVERED for ch in self.channels):
+        if any(ch.items and type(ch.items[0]) is RecoveredBuffer for ch in self.channels):
             return "input"
         for ch in self.channels:
-            if not ch.recovery_ended and ch.items and ch.items[0][0] == RECOVERY_END:
+            if not ch.recovery_ended and ch.items and type(ch.items[0]) is RecoveryEnd:
                 ch.items.popleft()
                 ch.recovery_ended = True
         if all(ch.recovery_ended for ch in self.channels):
@@ -288,7 +247,7 @@ class InputGate:
             return None
         return "output"
 
-    def poll(self, events_only: bool = False) -> tuple[InputChannel, tuple] | None:
+    def poll(self, events_only: bool = False) -> tuple[InputChannel, QueueItem] | None:
         """The next item of the next unblocked channel with data, round robin; None if there is none.
 
         A buffer handed out goes through its channel's persister first. With ``events_only`` only a barrier or
@@ -300,20 +259,20 @@ class InputGate:
         for k in range(n):
             i = (self._next_channel + k) % n
             ch = self.channels[i]
-            while not ch.blocked and ch.items and ch.items[0][0] == HELD:
+            while not ch.blocked and ch.items and type(ch.items[0]) is HeldBarrier:
                 ch.items.popleft()  # its checkpoint was taken: the buffers it overtook were persisted and come next
-            if ch.blocked or not ch.items or ch.items[0][0] == PRIORITY:
+            if ch.blocked or not ch.items or type(ch.items[0]) is PriorityBarrier:
                 continue
-            if (phase == "input" and ch.items[0][0] != RECOVERED) or (phase == "output" and ch.recovery_ended):
+            if (phase == "input" and type(ch.items[0]) is not RecoveredBuffer) or (phase == "output" and ch.recovery_ended):
                 continue
-            if events_only and ch.items[0][0] in DATA:
+            if events_only and type(ch.items[0]) in DATA:
                 continue
             self._next_channel = (i + 1) % n
             item = ch.items.popleft()
-            if item[0] in DATA:
-                ch.persister.maybe_persist(item[1])
+            if type(item) in DATA:
+                ch.persister.maybe_persist(item.data)
                 if self.debloater is not None:
-                    self.debloater.add_bytes(len(item[1]))
+                    self.debloater.add_bytes(len(item.data))
             return ch, item
         return None
 
@@ -331,7 +290,7 @@ class InputGate:
                 break
         items = self.channels[index].items
         for pos, item in enumerate(items):
-            if item[0] == PRIORITY and item[1] is barrier:
+            if type(item) is PriorityBarrier and item.barrier is barrier:
                 del items[pos]
                 return
 
@@ -342,8 +301,8 @@ class InputGate:
         ch = self.channels[index]
         ch.blocked = True
         for pos, item in enumerate(ch.items):
-            if item[0] == PRIORITY and item[1].checkpoint_id == checkpoint_id:
-                ch.items[pos] = (HELD, item[1])
+            if type(item) is PriorityBarrier and item.barrier.checkpoint_id == checkpoint_id:
+                ch.items[pos] = HeldBarrier(item.barrier)
                 return
 
     def hold(self, checkpoint_id: int) -> None:
@@ -352,21 +311,63 @@ class InputGate:
         self.held = {cid for cid in self.held if cid > checkpoint_id} | {checkpoint_id}
         for ch in self.channels:
             for pos, item in enumerate(ch.items):
-                if item[0] == PRIORITY and item[1].checkpoint_id == checkpoint_id:
-                    ch.items[pos] = (BARRIER, item[1].as_aligned())
+                if type(item) is PriorityBarrier and item.barrier.checkpoint_id == checkpoint_id:
+                    ch.items[pos] = Barrier(item.barrier.as_aligned())
         keep = [(i, b) for i, b in self.priority if b.checkpoint_id != checkpoint_id]
         self.priority.clear()  # in place: the subtask loop holds on to this deque
         self.priority.extend(keep)
+
+    # ---------------------------------------------------------------- channel state (persisting: lock held)
+
+    def live_channels(self) -> set[int]:
+        """The channels that have not ended: the ones a checkpoint's barrier still has to come on."""
+        return {ch.index for ch in self.channels if not ch.ended}
+
+    def start_persisting(self, index: int, checkpoint_id: int, in_hand: bytes | None) -> None:
+        """Persist channel ``index``'s in-flight data for the checkpoint until its barrier arrives there;
+        ``in_hand`` is the unread rest of the channel's buffer the subtask holds (the barrier overtook it)."""
+        self.channels[index].persister.start(checkpoint_id, in_hand)
+
+    def stop_persisting(self, index: int, checkpoint_id: int) -> None:
+        """The checkpoint's barrier arrived on channel ``index``: persist the buffers it overtook in the queue, then
+        stop."""
+        ch = self.channels[index]
+        ch.persister.stop(checkpoint_id, ch.buffers_before(checkpoint_id))
+
+    def abort_persisting(self, checkpoint_id: int) -> None:
+        """The checkpoint was dropped: no channel persists for it any more."""
+        for ch in self.channels:
+            ch.persister.abort(checkpoint_id)
 
     def inflight_bytes(self, channels: set[int], checkpoint_id: int) -> int:
         """The bytes queued in ``channels`` ahead of the checkpoint's barrier: what an unaligned checkpoint would
         persist of them now (lock held)."""
         return sum(self.channels[i].bytes_before(checkpoint_id) for i in channels)
 
+    def restore(
+        self,
+        segments: list[RestoreSegment],
+        fetch: FetchBlob,
+        key_fns: dict[str, Callable[[Any], Any]],
+        max_parallelism: int,
+        own: tuple[int, int],
+    ) -> Recovered:
+        """Queue the recovered input channel state ahead of everything the channels will receive (before the loop).
+
+        A segment goes to its own channel, or after a rescale to a channel from the same upstream vertex; records
+        of a hash edge (``key_fns``: its key selector by upstream vertex) stay only where their key group is in
+        ``own``."""
+        recovered, done = route_input(
+            segments, fetch, [ch.info for ch in self.channels], key_fns, max_parallelism, own
+        )
+        for channel, buffers in recovered.items():
+            self.prepend_recovered(channel, buffers)
+        return done
+
     def prepend_recovered(self, index: int, buffers: list[bytes]) -> None:
         """Queue recovered input channel state ahead of everything the channel will receive."""
         with self.mailbox.lock:
-            self.channels[index].items.extendleft((RECOVERED, b) for b in reversed(buffers))
+            self.channels[index].items.extendleft(RecoveredBuffer(b) for b in reversed(buffers))
             self.mailbox.signal_locked()
 
     def buffers_in_use(self, in_hand: bool) -> int:
@@ -374,7 +375,7 @@ class InputGate:
         subtask's hand (lock held)."""
         n = int(in_hand)
         for ch in self.channels:
-            n += ch.backlog + sum(1 for item in ch.items if item[0] == BUFFER)
+            n += ch.backlog + sum(1 for item in ch.items if type(item) is Buffer)
         return n
 
     def debloat(self, now: float, in_hand: bool) -> int | None:

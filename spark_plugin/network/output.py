@@ -11,20 +11,25 @@ from spark_plugin.network import wire
 from spark_plugin.network.barrier import CheckpointBarrier
 from spark_plugin.network.config import BACKLOG
 from spark_plugin.network.mailbox import Mailbox
+from spark_plugin.network.output_items import (
+    END,
+    RECOVERY_END,
+    OutBarrier,
+    OutBuffer,
+    OutEnd,
+    OutItem,
+    OutPriorityBarrier,
+    OutRecoveryEnd,
+)
 from spark_plugin.plan.topology import ChannelInfo
-
-_BUF = "B"
-_EVENT = "E"
-_PRIO = "P"
-_END = "END"
-_RECOVERY_END = "RECOVERY_END"
 
 
 class OutputChannel:
     """One channel's sending side (Flink's subpartition plus its credit-based reader).
 
-    The subtask loop appends finished buffers and barriers; a sender thread sends a buffer only when the
-    receiver granted credit, sends events without credit, and sends priority events before everything queued.
+    The subtask loop appends finished buffers and barriers (the named items of ``network/output_items.py``); a
+    sender thread sends a buffer only when the receiver granted credit, sends events without credit, and sends
+    priority events before everything queued.
     ``is_available`` is False once the queue holds as many buffers as the credit plus a backlog of ``BACKLOG``
     (never more than ``max_buffers``): that is backpressure. A buffer queued beyond that would only wait here and be
     persisted by every unaligned checkpoint; a credit arriving wakes the subtask loop to produce the next one.
@@ -48,7 +53,7 @@ class OutputChannel:
         self.max_buffers = max_buffers
         self.mailbox = mailbox
         self.cond = threading.Condition(mailbox.lock)
-        self.queue: deque[tuple] = deque()
+        self.queue: deque[OutItem] = deque()
         self.buffers = 0
         self.credit = 0
         self.sock: socket.socket | None = None
@@ -65,6 +70,9 @@ class OutputChannel:
         self._threads: list[threading.Thread] = []
         self._send_lock = threading.Lock()
         """Held while a message is taken off the queue and written: by the sender thread or by ``send_priority``."""
+        self._backlog = 0
+        """The buffers still queued when the sender thread took the buffer it writes (send lock held): the
+        ``BUFFER`` message's backlog."""
 
     # ---------------------------------------------------------------- called by the subtask loop (lock held)
 
@@ -77,19 +85,19 @@ class OutputChannel:
         return self.credit > self.buffers
 
     def add_buffer(self, data: bytes, records: int) -> None:
-        self.queue.append((_BUF, data, records))
+        self.queue.append(OutBuffer(data, records))
         self.buffers += 1
         self.cond.notify_all()
 
     def add_barrier(self, barrier: CheckpointBarrier) -> None:
         """Queue an aligned barrier behind the buffers already queued."""
-        self.queue.append((_EVENT, barrier))
+        self.queue.append(OutBarrier(barrier))
         self.cond.notify_all()
 
-    def add_priority_barrier(self, barrier: CheckpointBarrier) -> list[tuple[bytes, int]]:
+    def add_priority_barrier(self, barrier: CheckpointBarrier) -> list[OutBuffer]:
         """Put the barrier at the head of the queue; return the buffers it overtook, in order. The caller sends it
         with ``send_priority`` once it released the lock."""
-        overtaken = [(item[1], item[2]) for item in self.queue if item[0] == _BUF]
+        overtaken = [item for item in self.queue if type(item) is OutBuffer]
         self._insert_priority(barrier)
         return overtaken
 
@@ -98,39 +106,39 @@ class OutputChannel:
         thread is not woken: the loop sends it with ``send_priority`` (or, when the sender thread is busy writing,
         the sender thread takes it next)."""
         pos = 0
-        while pos < len(self.queue) and self.queue[pos][0] == _PRIO:
+        while pos < len(self.queue) and type(self.queue[pos]) is OutPriorityBarrier:
             pos += 1
-        self.queue.insert(pos, (_PRIO, barrier))
+        self.queue.insert(pos, OutPriorityBarrier(barrier))
         if self.sock is None:
             self.cond.notify_all()
 
-    def convert_barrier(self, checkpoint_id: int) -> list[tuple[bytes, int]] | None:
+    def convert_barrier(self, checkpoint_id: int) -> list[OutBuffer] | None:
         """Turn a queued aligned barrier into a priority one; return the buffers it overtook (None: not queued).
         The caller sends it with ``send_priority`` once it released the lock."""
-        overtaken: list[tuple[bytes, int]] = []
+        overtaken: list[OutBuffer] = []
         for pos, item in enumerate(self.queue):
-            if item[0] == _EVENT and item[1].checkpoint_id == checkpoint_id:
+            if type(item) is OutBarrier and item.barrier.checkpoint_id == checkpoint_id:
                 del self.queue[pos]
-                self._insert_priority(item[1].as_unaligned())
+                self._insert_priority(item.barrier.as_unaligned())
                 return overtaken
-            if item[0] == _BUF:
-                overtaken.append((item[1], item[2]))
+            if type(item) is OutBuffer:
+                overtaken.append(item)
         return None
 
     def queued_bytes(self) -> int:
         """The bytes of the buffers queued: what a priority barrier would overtake now."""
-        return sum(len(item[1]) for item in self.queue if item[0] == _BUF)
+        return sum(len(item.data) for item in self.queue if type(item) is OutBuffer)
 
     def queued_barriers(self) -> list[CheckpointBarrier]:
-        return [item[1] for item in self.queue if item[0] == _EVENT]
+        return [item.barrier for item in self.queue if type(item) is OutBarrier]
 
     def end_recovery(self) -> None:
         """Everything queued so far is restored output channel state: mark its end (an event, needs no credit)."""
-        self.queue.append((_RECOVERY_END,))
+        self.queue.append(RECOVERY_END)
         self.cond.notify_all()
 
     def end(self) -> None:
-        self.queue.append((_END,))
+        self.queue.append(END)
         self.cond.notify_all()
 
     def drained(self) -> bool:
@@ -166,7 +174,7 @@ class OutputChannel:
         try:
             while True:
                 with self.cond:
-                    if self.closed or not self.queue or self.queue[0][0] != _PRIO:
+                    if self.closed or not self.queue or type(self.queue[0]) is not OutPriorityBarrier:
                         return
                     item = self.queue.popleft()
                 self._write(sock, item)
@@ -177,7 +185,7 @@ class OutputChannel:
 
     def _sendable(self) -> bool:
         """Whether the head of the queue may go out now (lock held)."""
-        return bool(self.queue) and (self.queue[0][0] != _BUF or self.credit > 0)
+        return bool(self.queue) and (type(self.queue[0]) is not OutBuffer or self.credit > 0)
 
     def _wait_sendable(self) -> bool:
         """Wait until the head of the queue may go out; False once the channel is closed."""
@@ -188,34 +196,37 @@ class OutputChannel:
                 self.cond.wait()
             return False
 
-    def _pop(self) -> tuple | None:
-        """Take the head of the queue if it may go out (send lock held); a buffer uses one credit."""
+    def _pop(self) -> OutItem | None:
+        """Take the head of the queue if it may go out (send lock held); a buffer uses one credit, and the buffers
+        still queued are its backlog. The test is ``_sendable``'s, written out: this runs once per message."""
         with self.cond:
-            if self.closed or not self._sendable():
+            if self.closed or not self.queue:
+                return None
+            if type(self.queue[0]) is not OutBuffer:
+                return self.queue.popleft()
+            if self.credit <= 0:
                 return None
             item = self.queue.popleft()
-            if item[0] != _BUF:
-                return item
             self.credit -= 1
             self.buffers -= 1
+            self._backlog = self.buffers
             self.mailbox.signal_locked()  # space freed: the loop may produce again
-            return (_BUF, item[1], item[2], self.buffers)
+            return item
 
-    def _write(self, sock: socket.socket, item: tuple) -> None:
+    def _write(self, sock: socket.socket, item: OutItem) -> None:
         """Write one message taken off the queue (send lock held)."""
-        kind = item[0]
-        if kind == _BUF:
-            wire.send(sock, wire.BUFFER, item[3], item[1])
+        if type(item) is OutBuffer:
+            wire.send(sock, wire.BUFFER, self._backlog, item.data)
             self.sent_buffers += 1
-            self.sent_bytes += len(item[1])
-        elif kind == _END:
+            self.sent_bytes += len(item.data)
+        elif type(item) is OutEnd:
             wire.send(sock, wire.END)
             self.finished = True
-        elif kind == _RECOVERY_END:
+        elif type(item) is OutRecoveryEnd:
             wire.send(sock, wire.RECOVERY_END)
         else:
-            barrier: CheckpointBarrier = item[1]
-            wire.send(sock, wire.PRIORITY if kind == _PRIO else wire.EVENT, 0, barrier.encode())
+            barrier = item.barrier
+            wire.send(sock, wire.PRIORITY if type(item) is OutPriorityBarrier else wire.EVENT, 0, barrier.encode())
             with self.cond:
                 self._on_barrier_sent(barrier.checkpoint_id)
                 self.mailbox.signal_locked()

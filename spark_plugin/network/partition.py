@@ -11,12 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from contract.models import Partitioning, RestoreSegment
 from spark_plugin.network.barrier import CheckpointBarrier
 from spark_plugin.network.config import NetworkConfig
+from spark_plugin.network.elements import is_marker, strip_markers
+from spark_plugin.network.framing import count_records, decode_records
 from spark_plugin.network.mailbox import Mailbox
 from spark_plugin.network.output import OutputChannel
 from spark_plugin.network.persisting import ChannelStateWriting
 from spark_plugin.network.record_writer import RecordWriter, fan_out
+from spark_plugin.network.recovered import FetchBlob, Recovered, RestoreMismatch, segment_buffers
 from spark_plugin.plan.topology import OutputEdgeSpec
 
 
@@ -119,8 +123,8 @@ class OutputPartition:
                 return
             if priority:
                 for ch in self.channels:
-                    for data, records in ch.add_priority_barrier(barrier):
-                        self.writer.add_output_data(cid, ch.info, data, records)
+                    for buffer in ch.add_priority_barrier(barrier):
+                        self.writer.add_output_data(cid, ch.info, buffer.data, buffer.records)
                 self.writer.finish_output(cid)
             else:
                 self._barriers_in_queue[cid] = len(self.channels)
@@ -144,8 +148,8 @@ class OutputPartition:
                 if overtaken is None:
                     continue
                 converted = True
-                for data, records in overtaken:
-                    self.writer.add_output_data(checkpoint_id, ch.info, data, records)
+                for buffer in overtaken:
+                    self.writer.add_output_data(checkpoint_id, ch.info, buffer.data, buffer.records)
         if converted:
             self.send_priority()
         return converted
@@ -169,6 +173,53 @@ class OutputPartition:
         """The checkpoint was aborted: stop waiting for its barriers."""
         with self.lock:
             self._barriers_in_queue.pop(checkpoint_id, None)
+
+    # ---------------------------------------------------------------- restore
+
+    def restore(self, segments: list[RestoreSegment], fetch: FetchBlob) -> Recovered:
+        """Queue the recovered output channel state in front of the output queues (re-sent before any new output;
+        before the loop), then ``end_recovery``.
+
+        Without rescaling each segment's buffers go back to their channel as they were. After a rescale, records of
+        a hash edge are partitioned again for the new downstream parallelism, forward and rebalance buffers are
+        spread whole over the channels of their edge, and broadcast state stays per receiver."""
+        by_name = {ch.info.name: ch for ch in self.channels}
+        writer_of = {ch.info.name: w for w in self.writers for ch in w.channels}
+        done = Recovered()
+        spread: dict[str, int] = {}
+        for seg in segments:
+            buffers = segment_buffers(fetch, seg)
+            done.count(buffers)
+            ch = by_name.get(seg.channel)
+            writer = writer_of.get(seg.channel) or next(
+                (w for w in self.writers if w.channels and w.channels[0].info.peer_vertex == seg.peer_vertex), None
+            )
+            if writer is None:
+                raise RestoreMismatch(
+                    f"the checkpoint has output for {seg.peer_vertex!r} ({seg.channel!r}), which this pipeline "
+                    f"does not feed"
+                )
+            if seg.partitioning == Partitioning.hash and not _partitioned_for(writer, ch, buffers):
+                done.rerouted_records += _partition_again(writer, buffers)
+                continue
+            if ch is None and seg.partitioning == Partitioning.broadcast:
+                ch = next((c for c in writer.channels if c.info.peer_subtask == seg.peer_subtask), None)
+                if ch is None:
+                    continue  # a downstream subtask that no longer exists (it got every record on its own channel too)
+            if ch is None:  # forward/rebalance buffers of a rescaled edge: whole buffers go round robin
+                n = len(writer.channels)
+                k = spread.get(seg.peer_vertex or "", seg.from_subtask)
+                with self.lock:
+                    for b in buffers:
+                        b = strip_markers(b)  # on another channel its watermarks would be out of place
+                        writer.channels[k % n].add_buffer(b, count_records(b))
+                        k += 1
+                spread[seg.peer_vertex or ""] = k
+                continue
+            with self.lock:
+                for b in buffers:
+                    ch.add_buffer(b, count_records(b))
+        return done
 
     def end_recovery(self) -> None:
         """The restored output channel state is queued: mark its end on every channel (a restored downstream
@@ -203,3 +254,24 @@ class OutputPartition:
     def close(self) -> None:
         for ch in self.channels:
             ch.close()
+
+
+def _partitioned_for(writer: RecordWriter, ch: OutputChannel | None, buffers: list[bytes]) -> bool:
+    """Whether a hash edge's recovered buffers belong to ``ch`` as they are (same downstream parallelism)."""
+    if ch is None:
+        return False
+    position = writer.channels.index(ch)
+    return all(writer.channel_of(r) == position for b in buffers for r in decode_records(b) if not is_marker(r))
+
+
+def _partition_again(writer: RecordWriter, buffers: list[bytes]) -> int:
+    """Write a hash edge's recovered records through its writer again (partitioned for another parallelism);
+    returns how many. Watermarks are dropped: the subtask sends its restored watermark behind these records."""
+    n = 0
+    for b in buffers:
+        records = [r for r in decode_records(b) if not is_marker(r)]
+        for r in records:
+            writer.emit(r)
+        n += len(records)
+    writer.flush_all()
+    return n

@@ -6,10 +6,14 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from contract.keygroups import key_group
+from contract.keygroups import key_group, operator_index
+from contract.models import Partitioning
 from spark_plugin.network.framing import BufferBuilder
 from spark_plugin.network.mailbox import Mailbox
 from spark_plugin.network.output import OutputChannel
+
+Emit = Callable[[Any], None]
+Flush = Callable[[int], None]
 
 
 class RecordWriter:
@@ -23,7 +27,7 @@ class RecordWriter:
     def __init__(
         self,
         channels: list[OutputChannel],
-        partitioning: str,
+        partitioning: Partitioning | str,
         key_fn: Callable[[Any], Any] | None,
         max_parallelism: int,
         buffer_size: int,
@@ -36,52 +40,27 @@ class RecordWriter:
             ch.on_buffer_size = partial(_resize, builder, buffer_size)
         self.mailbox = mailbox
         self.bytes_out = 0
-        self.partitioning = partitioning
+        try:
+            self.partitioning = Partitioning(partitioning)
+        except ValueError:
+            raise ValueError(
+                f"unknown partitioning {partitioning!r}; one of {', '.join(p.value for p in Partitioning)}"
+            ) from None
         self.key_fn = key_fn
         self.max_parallelism = max_parallelism
-        n = len(channels)
-        builders = self.builders
-        flush = self._flush
-
-        if partitioning == "forward" or n == 1:
-
-            def emit(record: Any) -> None:
-                if builders[0].add(record):
-                    flush(0)
-
-        elif partitioning == "rebalance":
-            state = [start % n]
-
-            def emit(record: Any) -> None:
-                i = state[0]
-                state[0] = (i + 1) % n
-                if builders[i].add(record):
-                    flush(i)
-
-        elif partitioning == "hash":
-            assert key_fn is not None
-            maxp = max_parallelism
-
-            def emit(record: Any) -> None:
-                i = key_group(key_fn(record), maxp) * n // maxp
-                if builders[i].add(record):
-                    flush(i)
-
-        elif partitioning == "broadcast":
-
-            def emit(record: Any) -> None:
-                for i in range(n):
-                    if builders[i].add(record):
-                        flush(i)
-
-        else:
-            raise ValueError(f"unknown partitioning {partitioning!r}")
-        self.emit: Callable[[Any], None] = emit
+        make = _forward if len(channels) == 1 else EMITTERS[self.partitioning]
+        if make is _by_key_group and splits(key_fn):
+            make = _by_target_subtask
+        self.emit: Emit = make(self.builders, self._flush, key_fn, max_parallelism, start)
 
     def channel_of(self, record: Any) -> int | None:
         """The channel (position in this edge) a hash edge sends ``record`` to; None for other partitionings."""
-        if self.partitioning != "hash" or self.key_fn is None:
+        if self.partitioning is not Partitioning.hash or self.key_fn is None:
             return None
+        if splits(self.key_fn):  # a record of rows with several keys: one channel only if all its rows go there
+            n, maxp = len(self.channels), self.max_parallelism
+            parts = self.key_fn.split_rows(record, maxp, lambda g: operator_index(g, maxp, n))
+            return parts[0][0] if len(parts) == 1 else None
         return key_group(self.key_fn(record), self.max_parallelism) * len(self.channels) // self.max_parallelism
 
     def broadcast(self, element: Any) -> None:
@@ -113,12 +92,103 @@ class RecordWriter:
                 self._flush(i)
 
 
+# ====================================================================================== emitters, by partitioning
+# Each makes the function that writes one record: the hot path, one closure per edge with everything bound.
+
+
+def _forward(builders: list[BufferBuilder], flush: Flush, key_fn: Any, max_parallelism: int, start: int) -> Emit:
+    """Every record to the one channel (forward, or any edge with a single channel)."""
+
+    def emit(record: Any) -> None:
+        if builders[0].add(record):
+            flush(0)
+
+    return emit
+
+
+def _round_robin(builders: list[BufferBuilder], flush: Flush, key_fn: Any, max_parallelism: int, start: int) -> Emit:
+    """Records in turn to each channel, starting at ``start`` (rebalance)."""
+    n = len(builders)
+    state = [start % n]
+
+    def emit(record: Any) -> None:
+        i = state[0]
+        state[0] = (i + 1) % n
+        if builders[i].add(record):
+            flush(i)
+
+    return emit
+
+
+def _by_key_group(builders: list[BufferBuilder], flush: Flush, key_fn: Any, max_parallelism: int, start: int) -> Emit:
+    """Each record to the channel whose subtask owns its key's key group (hash)."""
+    assert key_fn is not None
+    n = len(builders)
+    maxp = max_parallelism
+
+    def emit(record: Any) -> None:
+        i = key_group(key_fn(record), maxp) * n // maxp
+        if builders[i].add(record):
+            flush(i)
+
+    return emit
+
+
+def splits(key_fn: Any) -> bool:
+    """Whether a hash edge's key selector cuts a record of many keys (a keyed batch) into the parts of each owner:
+    ``key_fn.split_rows(record, max_parallelism, owner) -> [(owner(key group), part), ...]``."""
+    return callable(getattr(key_fn, "split_rows", None))
+
+
+def _by_target_subtask(
+    builders: list[BufferBuilder], flush: Flush, key_fn: Any, max_parallelism: int, start: int
+) -> Emit:
+    """Each record (of rows with many keys) cut into one part per target subtask, the rows of the key groups it
+    owns, assigned as :func:`_by_key_group` assigns a record's key group (hash, for keyed batches)."""
+    n = len(builders)
+    maxp = max_parallelism
+    split = key_fn.split_rows
+
+    def owner(g: int) -> int:
+        return operator_index(g, maxp, n)
+
+    def emit(record: Any) -> None:
+        for i, part in split(record, maxp, owner):
+            if builders[i].add(part):
+                flush(i)
+
+    return emit
+
+
+def _to_every_channel(
+    builders: list[BufferBuilder], flush: Flush, key_fn: Any, max_parallelism: int, start: int
+) -> Emit:
+    """Every record to every channel (broadcast)."""
+    n = len(builders)
+
+    def emit(record: Any) -> None:
+        for i in range(n):
+            if builders[i].add(record):
+                flush(i)
+
+    return emit
+
+
+EMITTERS: dict[Partitioning, Callable[[list[BufferBuilder], Flush, Any, int, int], Emit]] = {
+    Partitioning.forward: _forward,
+    Partitioning.rebalance: _round_robin,
+    Partitioning.hash: _by_key_group,
+    Partitioning.broadcast: _to_every_channel,
+}
+"""The emitter of each partitioning: what a record writer calls per record."""
+
+
 def _resize(builder: BufferBuilder, most: int, size: int) -> None:
     """Cut the builder's buffers at ``size`` from its next record on (never above the configured ``most``)."""
     builder.capacity = min(most, size)
 
 
-def fan_out(writers: list[RecordWriter]) -> Callable[[Any], None]:
+def fan_out(writers: list[RecordWriter]) -> Emit:
     """The emit function of a chain's last operator: one writer, or every writer of several edges."""
     if not writers:
         return lambda record: None

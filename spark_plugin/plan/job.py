@@ -16,7 +16,7 @@ class JobEdge:
 
     source: str
     target: str
-    partitioning: str
+    partitioning: Partitioning
     key_fn: Callable[[Any], Any] | None = None
     side: str | None = None
 
@@ -90,7 +90,7 @@ class JobPlan:
                 for v in self.vertices
             ],
             edges=[
-                Edge(source=e.source, target=e.target, partitioning=Partitioning(e.partitioning))
+                Edge(source=e.source, target=e.target, partitioning=e.partitioning)
                 for v in self.vertices
                 for e in v.outputs
             ],

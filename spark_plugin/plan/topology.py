@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from contract.models import Partitioning
 from spark_plugin.plan.job import JobEdge, JobPlan
 
 
@@ -15,7 +16,7 @@ class ChannelInfo:
     direction: str  # "input" | "output"
     peer_vertex: str | None = None
     peer_subtask: int | None = None
-    partitioning: str | None = None
+    partitioning: Partitioning | None = None
 
 
 def channel_key(up_vertex: str, up_index: int, down_vertex: str, down_index: int) -> str:
@@ -57,8 +58,8 @@ class SubtaskSpec:
         return f"{self.vertex}[{self.subtask_index}]"
 
 
-def _peers(partitioning: str, index: int, peer_parallelism: int) -> list[int]:
-    if partitioning == "forward":
+def _peers(partitioning: Partitioning, index: int, peer_parallelism: int) -> list[int]:
+    if partitioning == Partitioning.forward:
         return [index]
     return list(range(peer_parallelism))
 

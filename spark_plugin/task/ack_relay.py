@@ -15,9 +15,17 @@ presented the attempt's task token first. The relay's task closes it only after 
 its last ack: after their loops the tasks pass a second barrier once each has drained its ack worker
 (``spark_task.py``), so a checkpoint answered at the very end is relayed like every other.
 
+**Live metrics** go the same way: a subtask hands its sample to the relay (no answer is awaited), the relay keeps
+the newest of each subtask and sends what it holds as one request every ``METRICS_FLUSH`` seconds
+(``…/attempts/{attempt}/metrics/batch``), on a thread and a client of its own so that a metrics request never
+delays an ack. Each report keeps its subtask and the time the subtask measured it, so the live view shows every
+subtask's own figures and age as before (a host of 16 subtasks sends one request a second, not 16). A subtask that
+cannot reach its relay reports directly.
+
 The wire: frames of a 4-byte big-endian length and a JSON object. A subtask sends ``{"token": ...}`` once, then
 ``{"id", "checkpoint_id", "ack"}`` per ack; the relay answers ``{"id", "status", "code", "message"}``, where
-``status`` is the item's HTTP status, or 0 when the coordinator could not be reached.
+``status`` is the item's HTTP status, or 0 when the coordinator could not be reached. A metrics sample is
+``{"metrics": {"vertex", "subtask_index", "timestamp", "metrics"}}``, unanswered.
 """
 
 from __future__ import annotations
@@ -55,6 +63,10 @@ than those gaps splits the checkpoint's acks into requests, the last waiting for
 HOLD_MAX = 0.1
 """Seconds the relay holds a checkpoint's first ack at most, however closely the others follow (a subtask of the
 host that does not ack soon, e.g. one aligning barriers under backpressure, holds the others no longer)."""
+
+METRICS_FLUSH = 1.0
+"""Seconds between two metrics batches of a relay: the subtasks' sampling interval, so each subtask's figures reach
+the coordinator at most about one interval later than they would directly (every report keeps its own time)."""
 
 MAX_FRAME = 16 << 20
 _LEN = struct.Struct(">I")
@@ -107,10 +119,21 @@ class AckRelay:
     """The host's relay: takes acks over loopback from the subtasks of this host and sends them to the coordinator
     in batches. ``client`` is an SDK client with the attempt's task token; ``token`` what subtasks must present."""
 
-    def __init__(self, client: Any, job_id: int, token: str | None) -> None:
+    def __init__(self, client: Any, job_id: int, token: str | None, attempt: int | None = None,
+                 metrics_client: Any | None = None, metrics_flush: float = METRICS_FLUSH) -> None:
         self.client = client
         self.job_id = job_id
         self.token = token or ""
+        self.attempt = attempt
+        self.metrics_client = metrics_client
+        """Sends the metrics batches (None: the relay takes no metrics; its subtasks report directly)."""
+        self.metrics_flush = metrics_flush
+        self.metrics_requests = 0
+        self.metrics_reports = 0
+        """Metrics batch requests sent, and the reports in them (for tests and benchmarks)."""
+        self._metrics: dict[tuple[str, int], dict[str, Any]] = {}
+        self._metrics_lock = threading.Lock()
+        self._metrics_thread: threading.Thread | None = None
         self.requests = 0
         """Batch requests sent (for tests and benchmarks)."""
         self.acks = 0
@@ -137,7 +160,43 @@ class AckRelay:
         self._server = server
         threading.Thread(target=self._accept, name="overtake-ack-relay-accept", daemon=True).start()
         threading.Thread(target=self._send, name="overtake-ack-relay", daemon=True).start()
+        if self.takes_metrics:
+            self._metrics_thread = threading.Thread(target=self._send_metrics, name="overtake-metrics-relay",
+                                                    daemon=True)
+            self._metrics_thread.start()
         return server.getsockname()[1]
+
+    @property
+    def takes_metrics(self) -> bool:
+        return self.metrics_client is not None and self.attempt is not None
+
+    def _offer_metrics(self, report: dict[str, Any]) -> None:
+        key = (str(report["vertex"]), int(report["subtask_index"]))
+        with self._metrics_lock:
+            held = self._metrics.get(key)
+            if held is None or int(held["timestamp"]) <= int(report["timestamp"]):
+                self._metrics[key] = report
+
+    def _send_metrics(self) -> None:
+        while not self._closed.wait(self.metrics_flush):
+            self._flush_metrics()
+        self._flush_metrics()  # what the subtasks sent last (e.g. a replay's end), once, within the client's timeout
+
+    def _flush_metrics(self) -> None:
+        with self._metrics_lock:
+            reports, self._metrics = list(self._metrics.values()), {}
+        if not reports:
+            return
+        try:
+            result = self.metrics_client.report_metrics_batch(self.job_id, self.attempt, reports)
+        except Exception as e:  # noqa: BLE001 - a metrics report is never worth failing anything; the next one comes
+            log.debug("relayed live metrics not sent (%s: %s)", type(e).__name__, e)
+            return
+        self.metrics_requests += 1
+        self.metrics_reports += len(reports)
+        for item in result.items:
+            if item.status_code >= 300:
+                log.debug("relayed live metrics of %s[%d] refused: %s", item.vertex, item.subtask_index, item.error)
 
     def close(self) -> None:
         """Stop taking acks; subtasks whose ack was not answered yet ack on their own."""
@@ -158,6 +217,9 @@ class AckRelay:
                 c.sock.close()
             except OSError:
                 pass
+        if self._metrics_thread is not None:
+            # its last flush, bounded by the metrics client's timeout: the client is closed after this returns
+            self._metrics_thread.join(5.0)
 
     def _accept(self) -> None:
         assert self._server is not None
@@ -182,9 +244,13 @@ class AckRelay:
             sock.settimeout(None)
             with self._lock:
                 self._connections.append(conn)
-            conn.answer({"id": None, "status": 200})
+            conn.answer({"id": None, "status": 200, "metrics": self.takes_metrics})
             while not self._closed.is_set():
                 frame = _recv_frame(sock)
+                if "metrics" in frame:
+                    if self.takes_metrics:
+                        self._offer_metrics(frame["metrics"])
+                    continue
                 self._queue.put(_Pending(conn, int(frame["id"]), int(frame["checkpoint_id"]), frame["ack"]))
         except (OSError, ConnectionError, ValueError, KeyError, TypeError):
             pass
@@ -270,7 +336,8 @@ class RelayClient:
 
     def __init__(self, address: tuple[str, int], token: str | None, wait: float = RELAY_WAIT) -> None:
         self.wait = wait
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one ack's exchange at a time
+        self._send_lock = threading.Lock()  # one frame at a time (an ack's, or a metrics sample between them)
         self._next = 0
         try:
             self.sock = socket.create_connection(address, timeout=5.0)
@@ -282,6 +349,7 @@ class RelayClient:
         if hello.get("status") != 200:
             self.sock.close()
             raise RelayUnusable(f"the host's ack relay refused this subtask: {hello.get('message')}")
+        self.takes_metrics = bool(hello.get("metrics"))
         self.sock.settimeout(wait)
 
     def ack(self, checkpoint_id: int, ack: dict) -> dict:
@@ -290,13 +358,22 @@ class RelayClient:
             self._next += 1
             mine = self._next
             try:
-                _send_frame(self.sock, {"id": mine, "checkpoint_id": checkpoint_id, "ack": ack})
+                with self._send_lock:
+                    _send_frame(self.sock, {"id": mine, "checkpoint_id": checkpoint_id, "ack": ack})
                 while True:
                     answer = _recv_frame(self.sock)
                     if answer.get("id") == mine:
                         return answer
             except (OSError, ConnectionError, ValueError) as e:
                 raise RelayUnusable(f"the host's ack relay did not answer: {e}") from e
+
+    def metrics(self, report: dict[str, Any]) -> None:
+        """Hand a metrics sample to the relay (no answer)."""
+        try:
+            with self._send_lock:
+                _send_frame(self.sock, {"metrics": report})
+        except (OSError, ConnectionError, ValueError) as e:
+            raise RelayUnusable(f"the host's relay did not take a metrics sample: {e}") from e
 
     def close(self) -> None:
         try:
@@ -317,8 +394,9 @@ def raise_for(answer: dict, url: str) -> None:
 
 
 class RelayReporter(SdkReporter):
-    """:class:`SdkReporter` whose acks go through the host's :class:`AckRelay` once :meth:`use_relay` named it.
-    Everything else (acks with state through the coordinator, declines, metrics) goes directly, as before."""
+    """:class:`SdkReporter` whose acks and live metrics go through the host's :class:`AckRelay` once
+    :meth:`use_relay` named it. Everything else (acks with state through the coordinator, declines) goes directly,
+    as before."""
 
     def __init__(self, client: Any, who: SubtaskIdentity, metrics_client: Any | None = None,
                  token: str | None = None) -> None:
@@ -326,6 +404,21 @@ class RelayReporter(SdkReporter):
         self.token = token
         self.relay: RelayClient | None = None
         self.relayed = 0
+        self.metrics_relayed = 0
+
+    def _report_metrics(self, metrics: dict[str, Any], timestamp: int) -> None:
+        relay = self.relay
+        if relay is None or not relay.takes_metrics:
+            return super()._report_metrics(metrics, timestamp)
+        w = self.who
+        try:
+            relay.metrics({"vertex": w.vertex, "subtask_index": w.subtask_index, "timestamp": timestamp,
+                           "metrics": metrics})
+        except RelayUnusable as e:
+            log.warning("%s[%d] reports metrics directly from now on: %s", w.vertex, w.subtask_index, e)
+            relay.takes_metrics = False
+            return super()._report_metrics(metrics, timestamp)
+        self.metrics_relayed += 1
 
     def use_relay(self, address: tuple[str, int] | None) -> None:
         if address is None:

@@ -3,16 +3,21 @@ snapshotted and restored together."""
 
 from __future__ import annotations
 
+import logging
 import pickle
 from collections.abc import Callable
 from typing import Any
 
 from pyspark import cloudpickle
 
+from contract.models import RestoreState, SourcePosition
 from spark_plugin.api.operators import Operator, SourceOperator
-from spark_plugin.connectors.base import Source
+from spark_plugin.connectors.base import PartitionedSource, Source
+from spark_plugin.network.recovered import FetchBlob
 
 Emit = Callable[[Any], None]
+
+log = logging.getLogger(__name__)
 
 
 class OperatorChain:
@@ -60,6 +65,13 @@ class OperatorChain:
         for op in self.operators:
             op.rewind(job_id, checkpoint_id)
 
+    def attempt_over(self, reason: str) -> None:
+        """The attempt is over while this chain may still run (a zombie): its sinks stop writing (any thread)."""
+        for op in self.operators:
+            over = getattr(op, "attempt_over", None)
+            if over is not None:
+                over(reason)
+
     def snapshot(self, checkpoint_id: int) -> bytes | None:
         """Every operator's state for the checkpoint, as one blob (None when the chain is stateless)."""
         states = {op.id: op.snapshot(checkpoint_id) for op in self.operators}
@@ -84,6 +96,33 @@ class OperatorChain:
         if data.get("event_time") is not None:
             self.restored_event_time.append(data["event_time"])
 
+    def restore_slices(self, slices: list[RestoreState], fetch: FetchBlob, subtask_index: int, parallelism: int) -> int:
+        """Load the operator state of a restore plan, this subtask's own slice first; returns the blobs loaded.
+
+        Keyed state comes from every slice (each operator keeps the key groups of its range); other state only from
+        the old subtasks that map to this one (``from_subtask % parallelism``)."""
+        for ref in sorted(slices, key=lambda r: (r.from_subtask != subtask_index, r.from_subtask)):
+            self.restore(fetch(ref.blob_id, None, None), keyed_only=ref.from_subtask % parallelism != subtask_index)
+        return len(slices)
+
+    def position_source(self, own: dict[str, Any] | None, positions: list[SourcePosition]) -> None:
+        """Where the chain's source resumes. A partitioned source takes every old subtask's split positions and keeps
+        the splits it owns now (at any parallelism: split positions are union state); an older ``Source`` seeks to
+        its own offsets, or after a rescale splits the old subtasks' positions itself (``restore_positions``)."""
+        source = self.source
+        if source is None:
+            return
+        by_subtask = {p.from_subtask: p.offsets for p in positions}
+        if isinstance(source, PartitionedSource):
+            if by_subtask:
+                source.restore_positions_of(by_subtask, max(by_subtask) + 1)
+            elif own:
+                source.seek(own)
+        elif own:
+            source.seek(own)
+        elif by_subtask:
+            source.restore_positions([by_subtask[i] for i in sorted(by_subtask)])
+
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         for op in self.operators:
             op.notify_checkpoint_complete(checkpoint_id)
@@ -100,3 +139,12 @@ class OperatorChain:
             if out is not None:
                 outputs[op.id] = out
         return outputs
+
+    def release(self) -> None:
+        """Free what every operator holds outside Python (after a failure as after ``close``); an operator whose
+        release fails is logged and the others are released still."""
+        for op in self.operators:
+            try:
+                op.release()
+            except Exception:
+                log.warning("releasing operator %s failed", op.id, exc_info=True)

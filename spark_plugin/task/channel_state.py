@@ -16,6 +16,11 @@ segments then name a buffer found in the base as a part that references that ran
 again (``ChannelSegment.parts``). Only the latest completed checkpoint's placements are the base: everything it
 names is kept by the coordinator while that checkpoint is retained. A result can always be laid out whole again
 (``ChannelStateResult.whole``), for uploads through the coordinator and for a reference the coordinator refuses.
+
+**Compression.** A writer made with a codec (``NetworkConfig.channel_state_compression``) compresses each new buffer
+on its own as it lays a checkpoint out (``contract.channel_state.pack``) and names the codec in every segment; a
+buffer referenced from the base is not compressed again (the base was laid out by the same writer, with the same
+codec). The reader inflates what a segment's codec says, so checkpoints written without one read as before.
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from contract.channel_state import FRAME, spans
-from contract.models import ChannelSegment, Partitioning, SegmentPart
+from contract.channel_state import FRAME, check_codec, pack, spans, unpack
+from contract.models import ChannelSegment, SegmentPart
 from spark_plugin.network.framing import count_records, decode_records
 from spark_plugin.plan.topology import ChannelInfo
 
@@ -62,6 +67,9 @@ class ChannelStateResult:
     persisted_bytes: int
     placements: list[Placement] = field(default_factory=list, repr=False)
     recorded: dict[tuple[str, str], _Segment] = field(default_factory=dict, repr=False)
+    codec: str | None = None
+    packed: dict[int, bytes] = field(default_factory=dict, repr=False)
+    """Compressed buffers by the buffer's identity, so that laying the result out whole compresses nothing again."""
 
     @property
     def empty(self) -> bool:
@@ -78,14 +86,19 @@ class ChannelStateResult:
 
     def whole(self) -> ChannelStateResult:
         """The same channel state with every buffer written again (no references)."""
-        return _layout(self.checkpoint_id, self.recorded, {}) if self.incremental else self
+        if not self.incremental:
+            return self
+        return _layout(self.checkpoint_id, self.recorded, {}, self.codec, self.packed)
 
 
 def _layout(
-    checkpoint_id: int, recorded: dict[tuple[str, str], _Segment], base: dict[int, Placement]
+    checkpoint_id: int, recorded: dict[tuple[str, str], _Segment], base: dict[int, Placement],
+    codec: str | None = None, packed: dict[int, bytes] | None = None,
 ) -> ChannelStateResult:
     """Lay the segments out in one blob (inputs then outputs, channels by name); a buffer found in ``base`` is
-    referenced where it lies instead of written again."""
+    referenced where it lies instead of written again. With ``codec`` each buffer written is compressed on its own
+    (``packed``: buffers compressed before, by identity)."""
+    packed = {} if packed is None else packed
     out: list[bytes] = []
     segments: list[ChannelSegment] = []
     placements: list[Placement] = []
@@ -96,13 +109,17 @@ def _layout(
         start = offset
         runs: list[list] = []  # [key, offset, length]: consecutive frames that lie together
         for buf in seg.buffers:
-            size = FRAME.size + len(buf)
             hit = base.get(id(buf))
             if hit is not None and hit[0] is buf:
+                size = hit[3]
                 where = [hit[1], hit[2], size]
             else:
-                out.append(FRAME.pack(len(buf)))
-                out.append(buf)
+                stored = buf
+                if codec is not None:
+                    stored = packed.get(id(buf)) or packed.setdefault(id(buf), pack(codec, buf))
+                size = FRAME.size + len(stored)
+                out.append(FRAME.pack(len(stored)))
+                out.append(stored)
                 where = [None, offset, size]
                 offset += size
             placements.append((buf, where[0], where[1], size))
@@ -124,12 +141,13 @@ def _layout(
                 record_count=seg.records,
                 peer_vertex=seg.info.peer_vertex,
                 peer_subtask=seg.info.peer_subtask,
-                partitioning=Partitioning(seg.info.partitioning) if seg.info.partitioning else None,
+                partitioning=seg.info.partitioning,
                 parts=[SegmentPart(key=r[0], offset=r[1], length=r[2]) for r in runs] if referenced else None,
+                codec=codec,
             )
         )
-        payload += length - FRAME.size * len(seg.buffers)
-    return ChannelStateResult(checkpoint_id, b"".join(out), segments, payload, placements, recorded)
+        payload += sum(len(b) for b in seg.buffers)
+    return ChannelStateResult(checkpoint_id, b"".join(out), segments, payload, placements, recorded, codec, packed)
 
 
 class ChannelStateWriter:
@@ -139,7 +157,11 @@ class ChannelStateWriter:
     checkpoint changes nothing.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, compression: str | None = None) -> None:
+        self.compression = check_codec(compression)
+        """The codec each persisted buffer is compressed with as a checkpoint is laid out; None: stored as is."""
+        if self.compression is not None:
+            pack(self.compression, b"")  # pyarrow missing: say so when the subtask starts, not at its first checkpoint
         self._recordings: dict[int, _Recording] = {}
         self._lock = threading.Lock()  # the base and the written placements: the loop and the ack worker
         self._written: dict[int, dict[int, Placement]] = {}
@@ -212,12 +234,22 @@ class ChannelStateWriter:
     def take(self, checkpoint_id: int) -> ChannelStateResult:
         """Lay the checkpoint's segments out in one blob (inputs then outputs, channels by name) and forget them;
         buffers the latest completed checkpoint persisted are referenced where they lie."""
+        return self.lay_out(checkpoint_id, self.take_recording(checkpoint_id))
+
+    def take_recording(self, checkpoint_id: int) -> dict[tuple[str, str], _Segment]:
+        """Forget the checkpoint's recording and return its segments (under the subtask's lock), for
+        :meth:`lay_out` (which may run outside it: compressing a large checkpoint takes a while)."""
         rec = self._recordings.pop(checkpoint_id, None)
         if rec is None:
             raise RuntimeError(f"no channel state of checkpoint {checkpoint_id} is being written")
+        return rec.segments
+
+    def lay_out(self, checkpoint_id: int, recorded: dict[tuple[str, str], _Segment]) -> ChannelStateResult:
+        """Lay a taken recording out (any thread): buffers the latest completed checkpoint persisted are
+        referenced where they lie."""
         with self._lock:
             base = self._base if self._base_checkpoint is not None and self._base_checkpoint < checkpoint_id else {}
-            return _layout(checkpoint_id, rec.segments, base)
+        return _layout(checkpoint_id, recorded, base, self.compression)
 
     def written(self, checkpoint_id: int, key: str, result: ChannelStateResult) -> None:
         """The checkpoint's object was written under ``key`` into a store that takes references: once the
@@ -250,19 +282,20 @@ class ChannelStateReader:
     def __init__(self, blob: bytes) -> None:
         self.blob = blob
 
-    def buffers(self, offset: int = 0, length: int | None = None) -> Iterator[bytes]:
-        """The persisted buffers of the byte range ``[offset, offset + length)``, in order."""
+    def buffers(self, offset: int = 0, length: int | None = None, codec: str | None = None) -> Iterator[bytes]:
+        """The persisted buffers of the byte range ``[offset, offset + length)``, in order (inflated when the
+        segment's ``codec`` says they are compressed)."""
         end = len(self.blob) if length is None else offset + length
         found, stop = spans(self.blob, offset, end)
         if stop != end:
             raise ValueError(f"channel state is truncated: the buffer at {stop} passes the segment's end {end}")
         view = memoryview(self.blob)
         for start, stop in found:
-            yield bytes(view[start:stop])
+            yield bytes(view[start:stop]) if codec is None else unpack(codec, view[start:stop])
 
     def segment_buffers(self, segment: ChannelSegment | dict) -> list[bytes]:
         seg = segment if isinstance(segment, dict) else segment.model_dump()
-        return list(self.buffers(seg["offset"], seg["length"]))
+        return list(self.buffers(seg["offset"], seg["length"], seg.get("codec")))
 
     def segment_records(self, segment: ChannelSegment | dict) -> list:
         out: list = []

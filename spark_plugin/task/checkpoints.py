@@ -1,7 +1,7 @@
 """The subtask's side of a checkpoint: the actions barrier states take, its pending checkpoints, and their hand-over
 to the ack worker once their channel state is complete.
 
-:class:`CheckpointController` implements :class:`~spark_plugin.task.barriers.BarrierActions` on the subtask's
+:class:`CheckpointController` implements :class:`~spark_plugin.task.barrier_states.BarrierActions` on the subtask's
 parts: it snapshots the operator chain, has the output partition send barriers, has input channels persist their
 in-flight data, and collects what each checkpoint needs for its ack.
 """
@@ -16,9 +16,9 @@ from contract.models import ChannelSegment
 from spark_plugin.network.barrier import CheckpointBarrier
 from spark_plugin.network.input import InputGate
 from spark_plugin.network.partition import OutputPartition
+from spark_plugin.task.ack_worker import AckWorker, CheckpointUpload
 from spark_plugin.task.chain import OperatorChain
 from spark_plugin.task.channel_state import ChannelStateResult, ChannelStateWriter
-from spark_plugin.task.coordination import AckWorker, CheckpointUpload
 
 
 def now_ms() -> int:
@@ -91,7 +91,7 @@ class CheckpointController:
     # ================================================================================== BarrierActions
 
     def live_channels(self) -> set[int]:
-        return {ch.index for ch in self.gate.channels if not ch.ended}
+        return self.gate.live_channels()
 
     def now_ms(self) -> int:
         return now_ms()
@@ -147,11 +147,11 @@ class CheckpointController:
 
     def start_persisting(self, channel: int, checkpoint_id: int) -> None:
         with self.lock:
-            self.gate.channels[channel].checkpoint_started(checkpoint_id, self._in_hand(channel))
+            self.gate.start_persisting(channel, checkpoint_id, self._in_hand(channel))
 
     def stop_persisting(self, channel: int, checkpoint_id: int) -> None:
         with self.lock:
-            self.gate.channels[channel].checkpoint_stopped(checkpoint_id)
+            self.gate.stop_persisting(channel, checkpoint_id)
 
     def inflight_bytes(self, checkpoint_id: int, channels: set[int]) -> int:
         with self.lock:
@@ -194,8 +194,7 @@ class CheckpointController:
         self._over_budget.pop(checkpoint_id, None)
         with self.lock:
             self.writer.abort(checkpoint_id)
-            for ch in self.gate.channels:
-                ch.persister.abort(checkpoint_id)
+            self.gate.abort_persisting(checkpoint_id)
         self.partition.forget(checkpoint_id)
         self.ack_worker.discard(checkpoint_id)
         self.log.append({"checkpoint_id": checkpoint_id, "aborted": reason})
@@ -244,7 +243,9 @@ class CheckpointController:
         with self.lock:
             self.writer.newly_ready = False
             ready = self._in_order([cid for cid in self.writer.ready() if cid in self.pending])
-            results = [self.writer.take(cid) for cid in ready]
+            recordings = [self.writer.take_recording(cid) for cid in ready]
+        # laid out outside the lock: compressing a large checkpoint's buffers would hold up the channels' threads
+        results = [self.writer.lay_out(cid, rec) for cid, rec in zip(ready, recordings, strict=True)]
         for cid, result in zip(ready, results, strict=True):
             p = self.pending.pop(cid)
             metrics = {
@@ -254,6 +255,7 @@ class CheckpointController:
                 "processed_data": p.processed_bytes,
                 "persisted_data": result.persisted_bytes,
                 "unaligned": p.unaligned,
+                "aligned_over_budget": p.over_budget is not None and not p.unaligned,
             }
             self.log.append(
                 {"checkpoint_id": cid, "unaligned": p.unaligned, "persisted": result.persisted_bytes,

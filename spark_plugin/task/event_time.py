@@ -84,6 +84,8 @@ class EventTime:
     def start(self) -> None:
         """Before the loop: load what a restore brought, send the restored output watermark on (behind the recovered
         output), and make the timers due that the checkpoint had left to fire."""
+        if self.generator is not None:
+            self.generator.track(self.chain.source.partitions())  # type: ignore[union-attr]  # as restored
         sections = self.chain.restored_event_time
         if sections:
             self._restore(sections)
@@ -107,6 +109,7 @@ class EventTime:
             self.rescaled = True
         if self.generator is not None:
             self.generator.restore([s["source"] for s in sections if s.get("source")], self.now)
+            self.generator.finished(self.chain.source.finished_partitions())  # type: ignore[union-attr]
             self.source_watermark = max(self.output, self.generator.current())
         self.active = True
 
@@ -177,6 +180,9 @@ class EventTime:
         per_record = self.strategy.interval == 0  # type: ignore[union-attr]
 
         def source_process(record: Any) -> None:
+            if getattr(record, "num_rows", None) == 0:  # an empty batch has no event time, and sends no sign of life
+                process(record)
+                return
             if gen.on_record(ts_of(record), part_of(record), self.now) and self.output_idle:
                 self._update_status()  # a partition woke up: ACTIVE goes out before its record
             process(record)
@@ -264,10 +270,12 @@ class EventTime:
             self._next_tick = now + interval
             # a source held back by its output (backpressure) was not asked for records: none of its partitions
             # is idle for it, so their idle clocks stop meanwhile
+            gen.track(self.chain.source.partitions())  # type: ignore[union-attr]  # splits discovered meanwhile
+            gen.finished(self.chain.source.finished_partitions())  # type: ignore[union-attr]
             gen.tick(now, asked=self._polled)
             self._polled = False
+            self._source_advanced()  # before IDLE: a watermark after it would make the receiver count us active
             self._update_status()
-            self._source_advanced()
 
     def next_wakeup_ms(self) -> int | None:
         """Epoch ms at which the loop must look again: the next periodic watermark or processing-time timer."""

@@ -36,10 +36,14 @@ class EventFeed:
         attempt: int | None,
         mailbox: Mailbox,
         on_trigger: Callable[[CheckpointTriggered], None] | None = None,
+        on_ended: Callable[[str], None] | None = None,
     ) -> None:
         self.events = events
         self.on_trigger = on_trigger
         """Called on the feed's thread for each trigger of this attempt (its write target is needed off the loop)."""
+        self.on_ended = on_ended
+        """Called on the feed's thread when the attempt is over, with why: the subtask may be inside a sink's
+        commit, which the loop cannot interrupt."""
         self.attempt = attempt
         self.mailbox = mailbox
         self.queue: deque[EventPayload] = deque()
@@ -66,6 +70,11 @@ class EventFeed:
                 self.post(payload)
         except AttemptEnded as e:
             self._stop("ended", str(e))
+            if self.on_ended is not None:
+                try:
+                    self.on_ended(str(e))
+                except Exception:  # noqa: BLE001 - the loop halts on ``ended`` all the same
+                    log.exception("telling the subtask's sinks that the attempt is over failed")
         except Exception as e:  # noqa: BLE001 - the loop fails loudly with the reason
             self._stop("failure", f"the coordinator's event stream failed: {type(e).__name__}: {e}")
 

@@ -9,15 +9,18 @@ that every subtask of the run left its loop; both come in as arguments.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
+from contract.models import SubtaskRestore
 from spark_plugin.network.config import NetworkConfig
 from spark_plugin.network.connect import Listener, connect_inputs
 from spark_plugin.plan.job import JobPlan
 from spark_plugin.plan.topology import SubtaskSpec
 from spark_plugin.task.chain import OperatorChain
 from spark_plugin.task.coordination import DEFAULT_MAX_OUTAGE, CheckpointReporter, CoordinatorEvents
+from spark_plugin.task.recovery import RecoveryProgress
 from spark_plugin.task.restore import FetchBlob, RestoreStats, restore_subtask
 from spark_plugin.task.state_store import StateWriter
 from spark_plugin.task.subtask import Subtask, SubtaskResult
@@ -63,7 +66,7 @@ class SubtaskLife:
         self.restore_stats: RestoreStats | None = None
 
     def prepare(
-        self, job_id: int, checkpoint_id: int | None, part: dict[str, Any] | None, fetch: FetchBlob | None
+        self, job_id: int, checkpoint_id: int | None, part: SubtaskRestore | None, fetch: FetchBlob | None
     ) -> None:
         """Every attempt starts from ``checkpoint_id`` (None: from scratch): sinks withdraw output they committed
         past it (the attempt produces it again), then the subtask loads its ``part`` of the restore plan."""
@@ -71,7 +74,13 @@ class SubtaskLife:
         if checkpoint_id is not None:
             if fetch is None:
                 raise ValueError(f"{self.subtask.spec.name}: a restore needs a way to fetch its blobs")
-            self.restore_stats = restore_subtask(self.subtask, part or {}, fetch, checkpoint_id)
+            spec = self.subtask.spec
+            part = part or SubtaskRestore(vertex=spec.vertex, subtask_index=spec.subtask_index)
+            began = time.monotonic()
+            self.restore_stats = restore_subtask(self.subtask, part, fetch, checkpoint_id)
+            restore_ms = round((time.monotonic() - began) * 1000)
+            st = self.subtask
+            st.recovery = RecoveryProgress.after_restore(st.gate, st.partition, checkpoint_id, st.started_at, restore_ms)
 
     def listen(self, host: str) -> int:
         """Accept the downstream peers' connections on a port of ``host``; returns the port."""

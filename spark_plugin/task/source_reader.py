@@ -40,11 +40,22 @@ class SourceReader:
         self.wait: float | None = None
         """Seconds until the source may have records again (from its hint), while it has none."""
         self._next_request = 0.0
+        self.paused = False
+
+    def pause(self) -> None:
+        """The subtask's output has no room: the source is not polled until the next :meth:`read`, and is told
+        so (a source that fetches ahead stops fetching)."""
+        if not self.paused and not (self.exhausted or self.ended):
+            self.paused = True
+            self.source.pause()
 
     def read(self, process: Callable[[Any], None]) -> tuple[Read, int]:
         """Read one batch into ``process``; returns what happened and how many records were read."""
         if self.exhausted or self.ended:
             return Read.NOTHING, 0
+        if self.paused:
+            self.paused = False
+            self.source.resume()
         batch = self.source.poll(BATCH)
         if batch is None:
             if not self.final_checkpoint:

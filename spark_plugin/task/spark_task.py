@@ -19,7 +19,7 @@ from typing import Any
 from pyspark import BarrierTaskContext
 
 from client.sync import OvertakeClient
-from contract.models import BlobLocation
+from contract.models import SubtaskRestore
 from spark_plugin.network.config import NetworkConfig
 from spark_plugin.plan.job import JobPlan
 from spark_plugin.plan.topology import SubtaskSpec
@@ -49,7 +49,8 @@ class TaskBundle:
     time_limit: float | None
     network: NetworkConfig
     stop_after_checkpoints: int | None = None
-    restore: dict = field(default_factory=dict)
+    restore: dict[tuple[str, int], SubtaskRestore] = field(default_factory=dict)
+    """Each subtask's part of the attempt's restore plan, by (vertex, subtask index)."""
     restore_checkpoint: int | None = None
     max_outage: float = DEFAULT_MAX_OUTAGE
 
@@ -99,11 +100,8 @@ def run_task(bundle: TaskBundle, _partition: Any) -> Iterator[bytes]:
             stop_after_checkpoints=bundle.stop_after_checkpoints, max_outage=bundle.max_outage, state_writer=writer,
         )
     )
-    part = bundle.restore.get((spec.vertex, spec.subtask_index)) or {}
-    reader = BlobReader(
-        [BlobLocation.model_validate(b) for b in part.get("blobs") or []],
-        lambda blob_id: client.download_blob(bundle.job_id, blob_id),
-    )
+    part = bundle.restore.get((spec.vertex, spec.subtask_index))
+    reader = BlobReader(part.blobs if part is not None else [], lambda blob_id: client.download_blob(bundle.job_id, blob_id))
     try:
         life.prepare(bundle.job_id, bundle.restore_checkpoint, part, reader.range)
     except CorruptBlobError as e:
@@ -113,7 +111,11 @@ def run_task(bundle: TaskBundle, _partition: Any) -> Iterator[bytes]:
         reader.close()
     port = life.listen("0.0.0.0")
     # every task offers a relay; the lowest task of each host keeps its own, the others close theirs
-    relay = AckRelay(_client(bundle), bundle.job_id, bundle.token) if bundle.network.ack_relay else None
+    relay = (
+        AckRelay(_client(bundle), bundle.job_id, bundle.token, attempt=bundle.attempt,
+                 metrics_client=OvertakeClient(bundle.coordinator, bundle.token, timeout=2.0, retries=0))
+        if bundle.network.ack_relay else None
+    )
     try:
         me = {"task": pid, "host": _task_host(ctx, pid), "port": port, "up": time.time(),
               "relay": relay.start() if relay is not None else None}
@@ -134,11 +136,13 @@ def run_task(bundle: TaskBundle, _partition: Any) -> Iterator[bytes]:
             # (a subtask that finds its relay gone acks on its own, correctly, but one request per ack again).
             ctx.barrier()
         result.acks_relayed = reporter.relayed
+        result.metrics_relayed = reporter.metrics_relayed
     finally:  # Spark reuses Python workers: nothing of this task may outlive it
         reporter.close()
         if relay is not None:
             relay.close()
             relay.client.close()
+            relay.metrics_client.close()
         writer.close()  # its hashing thread and its HTTP client (S3)
         client.close()
         metrics_client.close()

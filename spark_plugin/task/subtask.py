@@ -1,6 +1,6 @@
 """The subtask: its parts (operator chain, input gate, output partition, barrier handler, checkpoint controller,
-source reader, coordinator events) and the one loop that takes the next action in turn: a priority barrier, a
-coordinator event, a timer, then a record.
+source reader, coordinator events and the reactions to them) and the one loop that takes the next action in turn: a
+priority barrier, a coordinator event, a timer, then a record.
 
 The loop never blocks on a full output: it stops taking input while an output channel has no room and waits on the
 mailbox, which every network thread and the event thread signal, so a priority barrier, a trigger or a timer is acted
@@ -16,37 +16,27 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from contract.events import (
-    CheckpointAborted,
-    CheckpointCompleted,
-    CheckpointTriggered,
-    EventPayload,
-    JobStatusChanged,
-    SwitchToUnaligned,
-)
 from contract.keygroups import key_group_range
-from spark_plugin.network.barrier import CheckpointBarrier
+from spark_plugin.network.channel_items import DATA, Barrier, End, RecoveredBuffer
 from spark_plugin.network.config import NetworkConfig
 from spark_plugin.network.debloat import BufferDebloater
 from spark_plugin.network.elements import MARKERS
 from spark_plugin.network.framing import BufferReader
-from spark_plugin.network.input import BARRIER, DATA, END, RECOVERED, InputGate
+from spark_plugin.network.input import InputGate
 from spark_plugin.network.mailbox import Mailbox
 from spark_plugin.network.partition import OutputPartition
 from spark_plugin.plan.topology import SubtaskSpec
+from spark_plugin.task.ack_worker import AckWorker
 from spark_plugin.task.barriers import BarrierHandler
 from spark_plugin.task.chain import OperatorChain
 from spark_plugin.task.channel_state import ChannelStateWriter
 from spark_plugin.task.checkpoints import CheckpointController, now_ms
-from spark_plugin.task.coordination import (
-    DEFAULT_MAX_OUTAGE,
-    AckWorker,
-    CheckpointReporter,
-    CoordinatorEvents,
-)
+from spark_plugin.task.coordination import DEFAULT_MAX_OUTAGE, CheckpointReporter, CoordinatorEvents
+from spark_plugin.task.event_reactions import EventReactions
 from spark_plugin.task.event_time import EventTime
 from spark_plugin.task.events import EventFeed
 from spark_plugin.task.metrics import LiveMetrics
+from spark_plugin.task.recovery import RecoveryProgress
 from spark_plugin.task.source_reader import Read, SourceReader
 from spark_plugin.task.state_store import StateTargets, StateWriter
 
@@ -74,6 +64,8 @@ class SubtaskResult:
     report_errors: list[str] = field(default_factory=list)
     acks_relayed: int = 0
     """Acks sent through the host's ack relay (the rest went directly)."""
+    metrics_relayed: int = 0
+    """Live metrics samples this subtask handed to its host's relay (the rest went directly, or were not taken)."""
     records_in: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
@@ -104,10 +96,9 @@ class Subtask:
         self.chain = chain
         self.network = network or NetworkConfig()
         self.deadline = deadline
-        self.stop_after_checkpoints = stop_after_checkpoints
         self.mailbox = Mailbox()
         self.lock = self.mailbox.lock
-        self.writer = ChannelStateWriter()
+        self.writer = ChannelStateWriter(self.network.channel_state_compression)
         net = self.network
         self.gate = InputGate(
             [c.info for c in spec.inputs], net.exclusive_buffers_per_channel, net.floating_buffers_per_gate,
@@ -138,25 +129,32 @@ class Subtask:
             if chain.source is not None
             else None
         )
-        self.events = EventFeed(events, attempt, self.mailbox, on_trigger=lambda t: self._target(targets, t))
-        self._on_event: dict[type, Callable[[Any], None]] = {
-            CheckpointTriggered: self._triggered,
-            SwitchToUnaligned: self._switch_to_unaligned,
-            CheckpointAborted: self._aborted,
-            CheckpointCompleted: self._completed,
-            JobStatusChanged: self._job_status,
-        }
+        self.reactions = EventReactions(
+            self, bool(spec.inputs), self.handler, self.checkpoints, self.writer, chain, self.reader,
+            stop_after_checkpoints,
+        )
+        self.events = EventFeed(
+            events, attempt, self.mailbox, on_trigger=lambda t: self.reactions.target(targets, t),
+            on_ended=chain.attempt_over,
+        )
         self.current: BufferReader | None = None
         self.current_recovered = False
         self.records_in = 0
         self.bytes_in = 0
-        self.completed_seen = 0
         self.running_reported = False
         self.ended_output = False
         self.halted: str | None = None
         self._next_flush = time.monotonic() + self.network.flush_interval
         self.restore_stats: Any = None
-        self.live = LiveMetrics(getattr(reporter, "report_metrics", None), watermark=self.event_time.shown)
+        self.started_at = now_ms()
+        """When the subtask was built, at its task's start (ms since the epoch)."""
+        self.recovery: RecoveryProgress | None = None
+        """Restored from a checkpoint: its replay's progress, reported with its live metrics."""
+        self.live = LiveMetrics(
+            getattr(reporter, "report_metrics", None),
+            watermark=self.event_time.shown,
+            splits=getattr(chain.source, "split_metrics", None),
+        )
         self.output_full = False
         """The last turn found no room in the outputs: a wait now is backpressure."""
 
@@ -166,6 +164,11 @@ class Subtask:
         """Run until the input ends, the job is cancelled, or the deadline passes."""
         self.event_time.start()
         self.events.start()
+        if self.recovery is not None:
+            self.recovery.loop_started_at = now_ms()
+            self.live.recovery = self.recovery.sample
+            # at once, not a second later: the coordinator learns that the restored subtask runs, and what it replays
+            self.live.tick(self.records_in, self.bytes_in, self.partition.bytes_out, force=True)
         status = "finished"
         while True:
             if self.deadline is not None and time.time() >= self.deadline:
@@ -195,6 +198,8 @@ class Subtask:
                             self.live.blocked(time.monotonic() - waited)
                         elif self.gate.debloater is not None:
                             self.gate.debloater.add_idle(time.monotonic() - waited)
+        if self._replay_finished(now_ms()):  # the loop ended as its replay did
+            self.live.tick(self.records_in, self.bytes_in, self.partition.bytes_out, force=True)
         return SubtaskResult(
             vertex=self.spec.vertex,
             subtask_index=self.spec.subtask_index,
@@ -216,10 +221,12 @@ class Subtask:
                 return False
             self.event_time.fire(self._interrupted)
             if self.ending and not self.event_time.busy():
-                self._end_output()
+                self.end_output()
             return True
         if not self.partition.available():
             self.output_full = True
+            if self.reader is not None:
+                self.reader.pause()
             # no room for records, but a barrier or the end of a channel can still be taken
             return self.current is None and self.reader is None and self._take_input(events_only=True)
         if self.current is not None:
@@ -235,7 +242,7 @@ class Subtask:
         self.records_in += n
         self.event_time.source_polled(self.reader.exhausted)
         if read is Read.END:
-            self._end_output()
+            self.end_output()
         return read is not Read.NOTHING
 
     def _take_input(self, events_only: bool = False) -> bool:
@@ -244,20 +251,22 @@ class Subtask:
         if got is None:
             return False
         ch, item = got
-        kind = item[0]
+        kind = type(item)
         if kind in DATA:
-            data = item[1]
+            data = item.data
             self.bytes_in += len(data)
             self.current = BufferReader(data, ch.index)
-            self.current_recovered = kind == RECOVERED
-        elif kind == BARRIER:
-            self.handler.on_barrier(ch.index, item[1])
-        elif kind == END:
+            self.current_recovered = kind is RecoveredBuffer
+            if self.current_recovered and self.recovery is not None:
+                self.recovery.replayed_input += len(data)
+        elif kind is Barrier:
+            self.handler.on_barrier(ch.index, item.barrier)
+        elif kind is End:
             ch.ended = True
             self.handler.on_channel_ended(ch.index)
             self.event_time.channel_ended(ch.index)
             if self.gate.all_ended():
-                self._end_output()
+                self.end_output()
         return True
 
     def _process_current(self) -> None:
@@ -323,13 +332,22 @@ class Subtask:
         if self.gate.next_deadline is not None and now >= self.gate.next_deadline:
             with self.lock:
                 self.gate.convert_due(now)
-        self.live.tick(self.records_in, self.bytes_in, self.partition.bytes_out)
+        # the end of a replay goes out at once: the subtask may end, or its reports stop reaching the coordinator,
+        # before the next interval
+        self.live.tick(self.records_in, self.bytes_in, self.partition.bytes_out, force=self._replay_finished(now))
         mono = time.monotonic()
         if mono >= self._next_flush:
             self.partition.flush_sendable()
             self._next_flush = mono + self.network.flush_interval
         if self.gate.debloater is not None:
             self.gate.debloat(mono, self.current is not None and not self.current_recovered)
+
+    def _replay_finished(self, now: int) -> bool:
+        """Whether a restored subtask's replay finished just now."""
+        recovery = self.recovery
+        return recovery is not None and recovery.finished_at is None and recovery.check_finished(
+            self.gate.recovering, self.current is not None and self.current_recovered, now
+        )
 
     def _next_wakeup(self) -> float:
         """Seconds until the loop must look again even if nothing signals it."""
@@ -349,7 +367,8 @@ class Subtask:
             t = min(t, self.deadline - now)
         return max(t, 0.0005)
 
-    def _end_output(self) -> None:
+    def end_output(self) -> None:
+        """The input ended (or the source's final checkpoint completed): due timers fire, then the output ends."""
         if self.ended_output:
             return
         self.ending = True
@@ -399,57 +418,7 @@ class Subtask:
 
     def _take_events(self) -> None:
         for payload in self.events.take():
-            self._dispatch(payload)
-
-    def _dispatch(self, payload: EventPayload) -> None:
-        handle = self._on_event.get(type(payload))
-        if handle is not None:
-            handle(payload)
-
-    def _target(self, targets: StateTargets, trigger: CheckpointTriggered) -> None:
-        """A trigger's write target, for the ack worker (the event feed's thread); one that takes references makes
-        the channel-state writer keep where buffers lie."""
-        targets.put(trigger.checkpoint_id, trigger.target)
-        if trigger.target is not None and trigger.target.incremental:
-            self.writer.references_taken = True
-
-    def _triggered(self, trigger: CheckpointTriggered) -> None:
-        if trigger.external or (self.spec.inputs and not self.ended_output):
-            return  # only sources act on triggers; the others wait for barriers
-        barrier = CheckpointBarrier.of(trigger)
-        if self.reader is not None:
-            barrier = self.reader.barrier_for(barrier)
-        if self.ended_output:
-            # a finished subtask still acknowledges: its final state (and offsets); it has no barrier to send
-            barrier = barrier.as_aligned_final()
-        self.handler.on_trigger(barrier)
-
-    def _switch_to_unaligned(self, switch: SwitchToUnaligned) -> None:
-        self.handler.on_switch_to_unaligned(switch.checkpoint_id)
-        self.checkpoints.switch_output_barriers(switch.checkpoint_id)
-
-    def _aborted(self, abort: CheckpointAborted) -> None:
-        cid = abort.checkpoint_id
-        reason = abort.reason or "aborted by the coordinator"
-        self.checkpoints.aborted_by_coordinator.add(cid)
-        if self.reader is not None:
-            self.reader.aborted(cid)
-        self.handler.on_abort(cid, reason)
-        self.checkpoints.aborted(cid, reason)
-
-    def _completed(self, completed: CheckpointCompleted) -> None:
-        cid = completed.checkpoint_id
-        self.writer.completed(cid)
-        self.chain.notify_checkpoint_complete(cid)
-        if self.reader is not None and self.reader.completed(cid):
-            self._end_output()
-        self.completed_seen += 1
-        if self.stop_after_checkpoints is not None and self.completed_seen >= self.stop_after_checkpoints:
-            self.halted = "checkpoint limit"
-
-    def _job_status(self, status: JobStatusChanged) -> None:
-        if status.ended:  # FINISHED too: a job stopped with a savepoint
-            self.halted = f"job {status.status.value.lower()}"
+            self.reactions.dispatch(payload)
 
     # ================================================================================== after the loop
 
@@ -494,9 +463,11 @@ class Subtask:
         return result
 
     def close(self, timeout: float = 30.0) -> None:
-        """Finish reporting, then close the channels and the event stream."""
+        """Finish reporting, then close the channels and the event stream, and release what the operators hold
+        outside Python (a failed subtask's Kafka consumer stops here, not when the worker exits)."""
         self.live.close()
         self.ack_worker.close(timeout)
         self.events.close()
         self.gate.close()
         self.partition.close()
+        self.chain.release()

@@ -7,8 +7,10 @@ and the meeting point after the loops differ.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
+from contract.models import SubtaskRestore
 from spark_plugin.api.pipeline import PipelineDefinition
 from spark_plugin.network.config import NetworkConfig
 from spark_plugin.plan.topology import SubtaskSpec, subtask_specs
@@ -29,14 +31,16 @@ class ThreadedRun:
         events_for: Callable[[SubtaskSpec], CoordinatorEvents | None],
         network: NetworkConfig | None = None,
         deadline: float | None = None,
-        restore: dict[tuple[str, int], dict] | None = None,
+        restore: Mapping[tuple[str, int], SubtaskRestore | dict[str, Any]] | None = None,
         fetch: FetchBlob | None = None,
         restore_checkpoint: int | None = None,
         job_id: int = 0,
         state_writer_for: Callable[[SubtaskSpec], StateWriter | None] | None = None,
     ) -> None:
-        """``state_writer_for``: each subtask's writer into the blob store (its checkpoints' triggers then carry
-        write targets); without one, state goes through the reporter."""
+        """``restore``: each subtask's part of a restore plan, by (vertex, subtask index), as a ``SubtaskRestore`` or
+        as its JSON without the vertex and index (as tests write plans). ``state_writer_for``: each subtask's writer
+        into the blob store (its checkpoints' triggers then carry write targets); without one, state goes through
+        the reporter."""
         self.plan = pipeline.plan()
         self.specs = subtask_specs(self.plan)
         network = network or NetworkConfig()
@@ -51,7 +55,8 @@ class ThreadedRun:
         ]
         for life in self.lives:
             spec = life.subtask.spec
-            life.prepare(job_id, restore_checkpoint, (restore or {}).get((spec.vertex, spec.subtask_index)), fetch)
+            part = (restore or {}).get((spec.vertex, spec.subtask_index))
+            life.prepare(job_id, restore_checkpoint, _typed(part, spec), fetch)
         self.results: dict[int, SubtaskResult] = {}
         self.errors: dict[int, BaseException] = {}
         self._threads: list[threading.Thread] = []
@@ -79,6 +84,10 @@ class ThreadedRun:
             self._threads.append(t)
             t.start()
         return self
+
+    def finished(self) -> bool:
+        """Whether every subtask's thread has ended (a checkpoint triggered now is answered by none)."""
+        return bool(self._threads) and not any(t.is_alive() for t in self._threads)
 
     def _left_loop(self) -> None:
         with self._lock:
@@ -110,3 +119,10 @@ class ThreadedRun:
         if self.errors:
             raise next(iter(self.errors.values()))
         return [self.results[i] for i in range(len(self.lives))]
+
+
+def _typed(part: SubtaskRestore | dict[str, Any] | None, spec: SubtaskSpec) -> SubtaskRestore | None:
+    """A subtask's part of a restore plan as the model the runtime takes (validated when given as JSON)."""
+    if part is None or isinstance(part, SubtaskRestore):
+        return part
+    return SubtaskRestore.model_validate({"vertex": spec.vertex, "subtask_index": spec.subtask_index, **part})
