@@ -234,8 +234,10 @@ def timed_restore(spark, url: str, job_id: int, pipeline_for, source: str = "src
         plan = c.restore_plan(job_id)
     restored_bytes = sum(s.length for sub in plan.subtasks for s in sub.input_channel_state + sub.output_channel_state)
     # records each sequence split had emitted by the checkpoint (seq % splits is the split)
-    emitted = {int(split): n for sub in plan.subtasks if sub.vertex == source
-               for split, n in sub.source_offsets["positions"].items()}
+    from spark_plugin.connectors import SequenceSource
+
+    emitted = {split: n for sub in plan.subtasks if sub.vertex == source
+               for (split, _), n in SequenceSource.emitted_per_split(sub.source_offsets).items()}
     splits = len(emitted)
     count = splits * max(emitted.values()) + 2_000
     submitted = time.time()
@@ -293,19 +295,9 @@ def markdown(report: Report, command: str) -> str:
 
 
 def _spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    paths = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    from pyspark.sql import SparkSession
+    from spark_plugin.driver.session import spark_session
 
-    spark = (
-        SparkSession.builder.master("local[8]").appName("overtake-bench-recovery")
-        .config("spark.ui.enabled", "false").config("spark.python.worker.reuse", "true")
-        .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"]).getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("OFF")
-    return spark
+    return spark_session(8, "overtake-bench-recovery", import_paths=[ROOT], pin_python=True, log_level="OFF")
 
 
 def main(argv: list[str] | None = None) -> int:

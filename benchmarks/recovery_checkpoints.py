@@ -151,7 +151,7 @@ def measure(spark: Any, url: str, s: RcSettings, status: Callable[[str], None] =
     from benchmarks.recovery import counter
     from client.sync import OvertakeClient
     from contract.models import CheckpointConfig
-    from spark_plugin.connectors import CollectSink
+    from spark_plugin.connectors import CollectSink, SequenceSource
     from spark_plugin.driver.run import run_pipeline
     from spark_plugin.network.config import NetworkConfig
 
@@ -172,8 +172,8 @@ def measure(spark: Any, url: str, s: RcSettings, status: Callable[[str], None] =
             plan = c.restore_plan(first.job_id)
         restored = sum(seg.length for sub in plan.subtasks
                        for seg in sub.input_channel_state + sub.output_channel_state)
-        emitted = {int(split): n for sub in plan.subtasks if sub.vertex == "src"
-                   for split, n in sub.source_offsets["positions"].items()}
+        emitted = {split: n for sub in plan.subtasks if sub.vertex == "src"
+                   for (split, _), n in SequenceSource.emitted_per_split(sub.source_offsets).items()}
         # unbounded sources (a source that ran out would send its final checkpoint's barrier aligned, behind the
         # replay). Without the option the run stops once its first checkpoint completed, which is after the replay;
         # with it, the run gets the time the replay took without it and ``tail`` seconds more

@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.flip76 import Runner, RunStats, Settings, raw_write
+from benchmarks.disk import raw_write
+from benchmarks.flip76 import Runner, RunStats, Settings
 from spark_plugin.network.config import NetworkConfig
 
 PATHS = ("direct", "coordinator")

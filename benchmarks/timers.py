@@ -289,18 +289,9 @@ def write(s: Settings, variants: list[Variant], out: Path, command: str) -> str:
 
 
 def spark_session(tasks: int = TASKS) -> Any:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    paths = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    from pyspark.sql import SparkSession
+    from spark_plugin.driver.session import spark_session as start
 
-    spark = (
-        SparkSession.builder.master(f"local[{tasks}]").appName("overtake-bench-timers")
-        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-        .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"]).getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return start(tasks, "overtake-bench-timers", import_paths=[ROOT])
 
 
 def standalone(s: Settings, out: Path, command: str, status: Callable[[str], None]) -> str:
