@@ -1,7 +1,8 @@
 """Shared fixtures: live coordinators (SQLite, PostgreSQL + Redis) and the real services they need.
 
-PostgreSQL and Redis tests skip with a reason when the server is not reachable, and S3 tests when moto's S3
-server cannot be started, unless OVERTAKE_REQUIRE_SERVICES=1 (set by .ci/run): then they fail.
+PostgreSQL and Redis tests skip with a reason when the server is not reachable, S3 tests when moto's S3 server
+cannot be started, and Kafka tests when the Tansu broker cannot be (``tests/kafka.py``), unless
+OVERTAKE_REQUIRE_SERVICES=1 (set by .ci/run): then they fail.
 """
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.kafka import durable_kafka_broker, kafka_broker, retake_kafka_test  # noqa: F401  (Kafka brokers)
 from tests.live import LiveCoordinator, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+SPARK_SLOTS = 12
+"""Task slots of the shared SparkSession: rescaled pipelines run up to 10 subtasks in one barrier stage."""
 
 PG_ADMIN_URL = os.environ.get("OVERTAKE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("OVERTAKE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -38,6 +44,36 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "spark" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """Kafka tests are taken again when they met only Tansu's race of transactions ending together (tests/kafka.py)."""
+    return True if retake_kafka_test(pyfuncitem) else None
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local SparkSession for the whole pytest session, whatever directory a test is in: local[12], few shuffle
+    partitions, no UI; Python workers use this interpreter and can import the tests package.
+
+    Code under test that gets or creates a session (a benchmark run in-process) gets this one when a test asked for
+    it first. A session made before it with fewer slots is stopped and made again: a narrower session kept for the
+    rest of the run would fail every wider pipeline after it with "needs N task slots".
+    """
+    from spark_plugin.driver.session import spark_session
+
+    def make():
+        return spark_session(SPARK_SLOTS, "overtake-tests", import_paths=[ROOT], pin_python=True,
+                             config={"spark.driver.memory": "1g"})
+
+    session = make()
+    if session.sparkContext.master != f"local[{SPARK_SLOTS}]":
+        session.stop()
+        session = make()
+    assert session.sparkContext.master == f"local[{SPARK_SLOTS}]", session.sparkContext.master
+    yield session
+    session.stop()
 
 
 def _reachable(url: str, default_port: int) -> bool:

@@ -69,6 +69,7 @@ def test_every_sdk_method_targets_a_route_of_the_contract():
         "kind": "channel",
         "data": b"x",
         "metrics": {"records_in_per_second": 1.0},
+        "reports": [{"vertex": "a", "subtask_index": 0, "timestamp": 1, "metrics": {"records_in_per_second": 1.0}}],
         "reason": "sha256 mismatch",
     }
     spec = yaml.safe_load(CONTRACT.read_text())

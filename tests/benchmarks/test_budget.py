@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks import budget, cli
+from benchmarks import budget, cli, options
 from benchmarks.budget import KIB, BudgetRun, SubtaskAck, summarize
 from benchmarks.flip76 import RunStats
 
@@ -50,7 +50,7 @@ def test_the_report_has_one_row_per_run_and_its_json_the_summary(tmp_path):
 def test_budget_is_scenario_12_of_overtake_bench():
     assert cli.bench_args(["12"]).chosen == ["budget"]
     assert cli.bench_args(["budget"], quick=True, depths="1", seconds=5).chosen == ["budget"]
-    s = cli.budget_settings_from(cli.bench_args(["budget"], quick=True, depths="1", seconds=5))
+    s = options.budget_settings_from(cli.bench_args(["budget"], quick=True, depths="1", seconds=5))
     assert (s.depths, s.seconds, s.quick) == ((1,), 5, True)
 
 

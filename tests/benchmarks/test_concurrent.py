@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks import cli, concurrent
+from benchmarks import cli, concurrent, options
 from benchmarks.concurrent import ConcurrentRun, summarize
 from benchmarks.flip76 import RunStats
 
@@ -44,5 +44,5 @@ def test_the_report_has_one_row_per_max_concurrent_and_its_json_the_summary(tmp_
 
 def test_concurrent_is_scenario_13_of_overtake_bench():
     assert cli.bench_args(["13"]).chosen == ["concurrent"]
-    s = cli.concurrent_settings_from(cli.bench_args(["concurrent"], quick=True, seconds=5))
+    s = options.concurrent_settings_from(cli.bench_args(["concurrent"], quick=True, seconds=5))
     assert (s.seconds, s.quick) == (5, True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.flip76 import Settings, channel_state_write, realistic_buffers
+from benchmarks.disk import channel_state_write, realistic_buffers
+from benchmarks.flip76 import Settings
 
 MIB = 1 << 20
 
@@ -25,7 +26,7 @@ def test_a_subtask_process_that_fails_is_reported_not_waited_for(tmp_path):
 
 
 def test_the_ratio_reads_the_best_raw_repeat_so_a_slowed_repeat_does_not_flatter_it():
-    from benchmarks.flip76 import DiskStats
+    from benchmarks.disk import DiskStats
 
     d = DiskStats("disk", 512 * MIB, MIB, 32 << 10, raw_mib_s=[316.0, 795.0, 540.0], channel_state_mib_s=[781.0])
     assert d.raw == 795.0

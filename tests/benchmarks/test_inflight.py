@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from benchmarks import cli, inflight
-from benchmarks.flip76 import RunStats, Settings, inflight_capacity_bytes
-from benchmarks.report import BenchResults, markdown
+from benchmarks import cli, inflight, options
+from benchmarks.disk import inflight_capacity_bytes
+from benchmarks.flip76 import RunStats, Settings
+from benchmarks.report import markdown
+from benchmarks.results import BenchResults
 from spark_plugin.network.config import BACKLOG, NetworkConfig
 
 
@@ -73,10 +75,10 @@ def test_the_in_flight_capacity_follows_the_credit_and_backlog_bound():
 def test_scenario_8_by_name_or_number_with_quick_settings():
     args = cli.bench_args(["8"], quick=True)
     assert args.chosen == ["inflight"]
-    s = cli.inflight_settings_from(args)
+    s = options.inflight_settings_from(args)
     assert s.quick and s.depths == (1, 2) and s.checkpoints < inflight.Settings().checkpoints
     assert s.spark_tasks() == 6
-    assert cli.inflight_settings_from(cli.bench_args(["inflight"], depths="1")).depths == (1,)
+    assert options.inflight_settings_from(cli.bench_args(["inflight"], depths="1")).depths == (1,)
 
 
 def test_the_quick_scenario_runs_every_sizing_at_every_depth_into_the_report(tmp_path, monkeypatch):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace as NS
 
-from benchmarks import cli, last_barrier
+from benchmarks import cli, last_barrier, options
 from benchmarks.flip76 import RunStats
 from benchmarks.last_barrier import PolicyRun, Sides, fan_out, sides_of, summarize
 
@@ -67,7 +67,7 @@ def test_the_report_has_one_row_per_policy_and_its_json_the_summary(tmp_path):
 
 def test_last_barrier_is_scenario_14_of_overtake_bench_and_runs_first_barrier_last_barrier_and_aligned():
     assert cli.bench_args(["14"]).chosen == ["last-barrier"]
-    s = cli.last_barrier_settings_from(cli.bench_args(["last-barrier"], quick=True, seconds=5))
+    s = options.last_barrier_settings_from(cli.bench_args(["last-barrier"], quick=True, seconds=5))
     assert (s.seconds, s.quick) == (5, True)
     assert s.policies == ("unaligned", "unaligned_last_barrier", "aligned")
     assert s.fanout == 100

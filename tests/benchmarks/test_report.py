@@ -11,8 +11,11 @@ import pytest
 
 from benchmarks import cli
 from benchmarks.ackpath import AckPathStats
-from benchmarks.flip76 import DiskStats, RunStats, Settings, checkpoint_stats
-from benchmarks.report import BenchResults, markdown, targets, write
+from benchmarks.disk import DiskStats
+from benchmarks.flip76 import RunStats, Settings, checkpoint_stats
+from benchmarks.report import markdown, write
+from benchmarks.results import BenchResults
+from benchmarks.targets import targets
 
 
 def _cp(id, status, e2e=None, reason=None, persisted=0, trigger=0):

@@ -17,6 +17,7 @@ def checkpoint(checkpoint_id: int = 1, job_id: int = 1) -> dict:
         "status": "PENDING",
         "is_savepoint": False,
         "checkpoint_type": "unaligned",
+        "subtask_modes": {"unaligned": 0, "aligned": 0, "aligned_over_budget": 0},
         "policy": "unaligned",
         "alignment_timeout": None,
         "trigger_timestamp": NOW,
@@ -110,3 +111,26 @@ class Script:
         if callable(answer):
             return answer(request)
         return answer
+
+
+def record_sleeps(monkeypatch, delays: list[float] | None = None) -> list[float]:
+    """Record the client's back-off sleeps made on the test's own thread instead of sleeping, and return the list.
+
+    ``client.sync`` sleeps through the ``time`` module, so the patch reaches every thread of the process: a thread
+    an earlier test left behind (an event stream still reconnecting, a reporter) would add its own sleeps to the
+    test's and stop sleeping at all. Those other threads still sleep, for real, and are not recorded."""
+    import threading
+    import time
+
+    recorded: list[float] = [] if delays is None else delays
+    me = threading.current_thread()
+    real = time.sleep
+
+    def sleep(seconds: float) -> None:
+        if threading.current_thread() is me:
+            recorded.append(seconds)
+        else:
+            real(seconds)
+
+    monkeypatch.setattr("client.sync.time.sleep", sleep)
+    return recorded

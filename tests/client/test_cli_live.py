@@ -154,7 +154,8 @@ def test_events_prints_json_lines_and_stops_after_count(overtake, sdk, checkpoin
 def test_checkpoints_stats_summarises(overtake, checkpointed):
     job, _, _ = checkpointed
     out = ok(overtake("checkpoints", "stats", str(job.id)))
-    assert "1 checkpoints: 1 completed, 0 failed, 0 in progress, 0 savepoints" in out
+    said = " ".join(out.split())
+    assert "1 checkpoints: 1 completed, 0 failed, 0 not finished" in said and "0 in progress; 0 of them savepoints" in said
     assert json.loads(ok(overtake("--json", "checkpoints", "stats", str(job.id))))["counts"]["completed"] == 1
 
 
@@ -171,3 +172,30 @@ def test_the_token_comes_from_the_environment(secured_coordinator):
     allowed = runner.invoke(app, args, env={"OVERTAKE_TOKEN": secured_coordinator.admin_token})
     assert allowed.exit_code == 0, allowed.output
     JobPage.model_validate_json(allowed.stdout)
+
+
+def test_cli_api_and_job_count_checkpoints_by_state_in_the_same_words(overtake, sdk):
+    """One job with a checkpoint in every state: the API's counts, the job's, `jobs show` and `checkpoints stats`
+    say the same: 1 completed, 1 failed (declined), 1 not finished (the job ended), 0 in progress."""
+    job = sdk.create_job(job_spec(tolerable_failures=10))
+    attempt = sdk.start_attempt(job.id)
+    complete_checkpoint(sdk, attempt)
+    declined = sdk.trigger_checkpoint(job.id)
+    sdk.decline(job.id, declined.id, {"attempt": attempt.attempt, "vertex": "src", "subtask_index": 0, "reason": "x"})
+    sdk.trigger_checkpoint(job.id)
+    sdk.finish_job(job.id, "FINISHED")
+    counts = sdk.checkpoint_stats(job.id).counts
+    assert (counts.completed, counts.failed, counts.not_finished, counts.in_progress) == (1, 1, 1, 0)
+    assert counts.total == counts.completed + counts.failed + counts.not_finished + counts.in_progress
+    j = sdk.get_job(job.id)
+    assert (j.num_completed, j.num_failed, j.num_not_finished, j.num_in_progress) == (1, 1, 1, 0)
+    words = "1 completed, 1 failed, 1 not finished"
+    assert words in " ".join(ok(overtake("checkpoints", "stats", str(job.id))).split())
+    assert words in " ".join(ok(overtake("jobs", "show", str(job.id))).split())
+
+
+def test_an_unknown_job_points_to_the_command_that_lists_jobs(overtake):
+    result = overtake("jobs", "show", "999999")
+    assert result.exit_code == 1
+    said = " ".join(result.output.split())
+    assert "job 999999 does not exist" in said and "'overtake jobs list'" in said and "GET /api" not in said

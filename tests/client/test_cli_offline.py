@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from cli import main as cli
 from client.sync import OvertakeClient
-from tests.client._fakes import NOW, Script, checkpoint, error
+from tests.client._fakes import NOW, Script, checkpoint, error, record_sleeps
 
 runner = CliRunner()
 
@@ -26,7 +26,7 @@ def coordinator(monkeypatch):
     def client(url=None, token=None, **_):
         return OvertakeClient("http://fake:1", token=token, retries=0, transport=httpx.MockTransport(script))
 
-    monkeypatch.setattr(cli, "OvertakeClient", client)
+    monkeypatch.setattr("cli.app.OvertakeClient", client)  # where the session makes its clients
     return script
 
 
@@ -71,8 +71,7 @@ def test_a_url_or_token_the_client_cannot_use_is_one_error_line_and_exit_1(optio
 
 
 def test_the_command_line_gives_up_on_a_down_coordinator_after_two_quick_retries(monkeypatch):
-    delays: list[float] = []
-    monkeypatch.setattr("client.sync.time.sleep", delays.append)
+    delays = record_sleeps(monkeypatch)
     result = runner.invoke(cli.app, ["--url", "http://127.0.0.1:9", "jobs", "list"])
     assert result.exit_code == 1
     assert len(delays) == cli.CLI_RETRIES and sum(delays) <= 0.6  # at most 0.2 + 0.4 s of backoff
@@ -82,13 +81,12 @@ def test_the_command_line_gives_up_on_a_down_coordinator_after_two_quick_retries
 def scripted(monkeypatch):
     """Routes the CLI's own client, with the CLI's retry settings, to a scripted fake coordinator; records the waits."""
     script = Script()
-    delays: list[float] = []
-    monkeypatch.setattr("client.sync.time.sleep", delays.append)
+    delays = record_sleeps(monkeypatch)
 
     def client(*args, **kwargs):
         return OvertakeClient(*args, transport=httpx.MockTransport(script), **kwargs)
 
-    monkeypatch.setattr(cli, "OvertakeClient", client)
+    monkeypatch.setattr("cli.app.OvertakeClient", client)  # where the session makes its clients
     script.delays = delays
     return script
 
@@ -190,7 +188,8 @@ def test_json_output_is_the_models_json(coordinator):
     result = runner.invoke(cli.app, ["--json", "checkpoints", "trigger", "1", "--policy", "unaligned"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == checkpoint(3) | {
-        "stop_job": False, "details": None, "failure_timestamp": None, "abort_reason": None, "decision": None
+        "stop_job": False, "details": None, "failure_timestamp": None, "abort_reason": None, "decision": None,
+        "start_delay": None,
     }
     assert json.loads(coordinator.bodies[0]) == {"policy": "unaligned"}
 
@@ -316,3 +315,29 @@ def test_bench_takes_scenario_numbers_and_names_and_refuses_unknown_ones_saying_
     bad = runner.invoke(cli.app, ["bench", "99"])
     assert bad.exit_code == 2
     assert "unknown scenario '99'" in bad.output and "last-barrier" in bad.output
+
+
+def test_the_demo_takes_its_port_while_a_stopped_servers_connections_are_in_time_wait():
+    import socket
+
+    from cli.demo import _port
+
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = server.accept()
+    accepted.close()  # the server side closes first: its end of the connection waits in TIME_WAIT on `port`
+    server.close()
+    client.close()
+    assert _port(port) == port
+
+
+def test_without_a_terminal_tables_are_not_cut_at_80_columns(coordinator):
+    coordinator.answers.append(httpx.Response(200, json=_page_of_checkpoints()))
+    result = runner.invoke(cli.app, ["checkpoints", "list", "1"], env={"COLUMNS": None})  # no terminal, no COLUMNS
+    assert result.exit_code == 0, result.output
+    assert "left out for the width" not in result.stdout
+    assert "declined: subtask count[1]: count[1] could not snapshot" in result.stdout

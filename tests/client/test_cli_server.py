@@ -62,3 +62,28 @@ def test_a_port_in_use_is_reported_without_a_traceback(tmp_path):
     assert done.returncode != 0
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
     assert str(port) in done.stderr or "address already in use" in done.stderr.lower()
+
+
+def test_serve_takes_the_data_dir_the_demo_prints_and_dev_sh_passes_it_on(tmp_path, monkeypatch):
+    """The demo's "look at this run later" line is a command that works from a fresh clone: `./dev.sh serve`
+    with the demo's data dir (the virtualenv's `overtake` is on no PATH)."""
+    import re
+    from pathlib import Path
+
+    import uvicorn
+
+    from cli.demo import later_command
+
+    later = later_command(Path(".overtake/demo"))
+    assert later.startswith("./dev.sh serve ")
+    dev_sh = (Path(__file__).parents[2] / "dev.sh").read_text()
+    assert re.search(r'serve\)\n\s+ensure_python\n\s+exec "\$VENV/bin/overtake" serve "\$@"', dev_sh)
+    seen = {}
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: seen.update(data_dir=os.environ.get("OVERTAKE_DATA_DIR")))
+    monkeypatch.setattr("cli.main._announce_when_ready", lambda *a: None)
+    monkeypatch.delenv("OVERTAKE_DATA_DIR", raising=False)
+    args = later.split()[1:]  # what dev.sh hands to `overtake`
+    args[args.index(".overtake/demo")] = str(tmp_path / "demo")
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert seen["data_dir"] == str(tmp_path / "demo")

@@ -10,14 +10,14 @@ import pytest
 from client.errors import CoordinatorUnreachable, NotFound, UnexpectedResponse
 from client.sdk import AsyncOvertakeClient, OvertakeClient
 from contract.models import EventType
-from tests.client._fakes import Script, error, sse_event
+from tests.client._fakes import Script, error, record_sleeps, sse_event
 
 URL = "http://coordinator.test:8321"
 
 
 @pytest.fixture(autouse=True)
 def no_sleep(monkeypatch):
-    monkeypatch.setattr("client.sync.time.sleep", lambda _: None)
+    record_sleeps(monkeypatch)
 
     async def async_no_sleep(_):
         return None

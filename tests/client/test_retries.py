@@ -21,7 +21,7 @@ from client.errors import (
     UnexpectedResponse,
 )
 from client.sdk import AsyncOvertakeClient, OvertakeClient
-from tests.client._fakes import Script, ack_result, blob_info, checkpoint, error
+from tests.client._fakes import Script, ack_result, blob_info, checkpoint, error, record_sleeps
 
 URL = "http://coordinator.test:8321"
 ACK = {"attempt": 1, "vertex": "src", "subtask_index": 0}
@@ -30,9 +30,7 @@ ACK = {"attempt": 1, "vertex": "src", "subtask_index": 0}
 @pytest.fixture(autouse=True)
 def no_sleep(monkeypatch):
     """Record the back-off delays instead of sleeping."""
-    delays: list[float] = []
-    monkeypatch.setattr("client.sync.time.sleep", delays.append)
-    return delays
+    return record_sleeps(monkeypatch)
 
 
 def client(script: Script, retries: int = 3) -> OvertakeClient:

@@ -59,7 +59,7 @@ def test_checkpoints_cut_short_by_the_end_of_their_job_are_not_counted_as_failur
     sdk.trigger_checkpoint(job.id)
     sdk.finish_job(job.id, "FINISHED")
     stats = sdk.checkpoint_stats(job.id)
-    assert (stats.counts.failed, stats.counts.interrupted) == (2, 1)
+    assert (stats.counts.failed, stats.counts.not_finished, stats.counts.aborted) == (1, 1, 2)
     assert sdk.get_job(job.id).num_interrupted == 1
     assert sdk.get_checkpoint(job.id, declined.id).abort_reason == "declined"
 
@@ -248,3 +248,26 @@ def test_bad_watermarks_get_a_clear_4xx_and_change_nothing(sdk, coordinator):
         assert said in r.json()["error"]["message"], (metrics, r.text)
     src = sdk.live_metrics(job.id).vertices[0]
     assert (src.low_watermark, src.subtasks[0].timestamp, src.subtasks[0].metrics.watermark) == (t - 100, t, t - 100)
+
+
+def test_a_source_subtasks_splits_with_their_positions_and_lag_are_shown_as_reported(sdk):
+    job = sdk.create_job(job_spec())
+    sdk.start_attempt(job.id)
+    t = now_ms()
+    splits = [{"split": "orders-0", "position": "42", "lag": 7}, {"split": "orders-2", "position": None, "lag": None}]
+    report(sdk, job.id, "src", 0, t - 1000, splits=[{"split": "orders-0", "position": "1", "lag": 48}])
+    report(sdk, job.id, "src", 0, t, splits=splits, splits_more=3)
+    (s,) = sdk.live_metrics(job.id).vertices[0].subtasks
+    assert [(x.split, x.position, x.lag) for x in s.metrics.splits] == [("orders-0", "42", 7), ("orders-2", None, None)]
+    assert s.metrics.splits_more == 3
+
+
+def test_more_splits_than_a_report_may_list_or_a_negative_lag_get_a_clear_4xx(sdk, coordinator):
+    job = sdk.create_job(job_spec())
+    sdk.start_attempt(job.id)
+    url = f"{coordinator.url}/api/v1/jobs/{job.id}/attempts/1/subtasks/src/0/metrics"
+    many = [{"split": f"p-{i}", "position": "0", "lag": 0} for i in range(101)]
+    for splits in (many, [{"split": "p-0", "position": "0", "lag": -1}]):
+        r = httpx.post(url, json={"timestamp": now_ms(), "metrics": {"splits": splits}})
+        assert r.status_code == 422, r.text
+    assert sdk.live_metrics(job.id).vertices[0].subtasks == []

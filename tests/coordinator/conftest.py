@@ -106,10 +106,9 @@ def _settings(tmp_path, database_url: str | None, **extra) -> Settings:
     return Settings(
         data_dir=tmp_path / "data",
         database_url=database_url,
-        scheduler_tick=0.02,
         log_json=False,
         log_level="WARNING",
-        **extra,
+        **{"scheduler_tick": 0.02, **extra},
     )
 
 

@@ -58,7 +58,7 @@ async def test_a_group_commit_locks_its_jobs_in_one_global_order(sqlite_api):
 
     from sqlalchemy import event
 
-    from app.domain.acks import _Item, ack_hash
+    from app.domain.acks import AckItem, ack_hash
     from contract.models import SubtaskAck
 
     jobs = [await sqlite_api.job() for _ in range(3)]
@@ -77,7 +77,7 @@ async def test_a_group_commit_locks_its_jobs_in_one_global_order(sqlite_api):
         batch = []
         for job in reversed(jobs):  # arriving in the opposite order
             ack = SubtaskAck(attempt=1, vertex="src", subtask_index=0)
-            batch.append(_Item(job["id"], 1, ack, ack_hash(ack), None, loop.create_future()))
+            batch.append(AckItem(job["id"], 1, ack, ack_hash(ack), None, loop.create_future()))
         await sqlite_api.app.state.committer._apply_retrying(batch)
     finally:
         event.remove(engine, "before_cursor_execute", record)
@@ -132,7 +132,8 @@ async def test_the_batch_that_completes_a_checkpoint_updates_its_row_once_with_e
     cp = await api.checkpoint(job["id"], 1)
     assert cp["status"] == "COMPLETED" and cp["num_acknowledged_subtasks"] == 3
     assert cp["persisted_data"] == 1110 and cp["processed_data"] == 15
-    assert cp["alignment_duration"] == 60 and cp["checkpoint_type"] == "unaligned"
+    assert cp["alignment_duration"] == 60
+    assert cp["subtask_modes"] == {"unaligned": 1, "aligned": 2, "aligned_over_budget": 0}
 
 
 async def test_a_batch_expected_to_complete_reads_the_rows_to_complete_with_its_locks(api):
@@ -201,3 +202,36 @@ async def test_an_ack_that_waited_for_the_job_lock_sees_the_abort_committed_mean
         assert detail["status"] == "ABORTED"
         assert detail["num_acknowledged_subtasks"] == 1
         assert [(a["vertex"], a["subtask_index"]) for a in detail["subtasks"]] == [("src", 0)]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_an_ack_batch_runs_one_statement_per_step_that_writes_or_reads(make_api, request, backend):
+    """The ack path's round trips, pinned: a pending checkpoint's ack is the locks with the checkpoint's facts,
+    the ack rows and the sums (and the blob rows of a written object between them); on PostgreSQL the ack that
+    completes the checkpoint is the locks with the rows completing needs, the ack rows and one statement for the
+    completion with retention. (The job's first ack also reads its graph, cached for the attempt after.) A
+    statement added to a step of the ack commit adds a round trip to every batch."""
+    from tests.coordinator._sql import recorded_statements
+    from tests.coordinator._state import target_of, write_object, written
+
+    url = request.getfixturevalue("pg_url") if backend == "postgres" else None
+    async with make_api(database_url=url, scheduler_enabled=False) as api:
+        job = await api.job(parallelism={"src": 4})
+        await api.trigger(job["id"])
+        key = await write_object(await target_of(api, job["id"], 1), "src-2-a1.state", b"opchan")
+        assert (await api.ack(job["id"], 1, "src", 3)).status_code == 200  # the job's graph, cached
+
+        async def statements_of(*args, **extra) -> list[str]:
+            with recorded_statements(api) as statements:
+                r = await api.ack(job["id"], 1, "src", *args, **extra)
+            assert r.status_code == 200, r.text
+            return [" ".join(st.split()[:3]) for st in statements if not st.startswith("BEGIN")]
+
+        assert await statements_of(0) == ["SELECT JOBS.CURRENT_ATTEMPT, JOBS.STATUS,", "INSERT INTO ACKS", "UPDATE CHECKPOINTS SET"]
+        assert await statements_of(2, written=written(key, b"op", b"chan")) == [
+            "SELECT JOBS.CURRENT_ATTEMPT, JOBS.STATUS,", "INSERT INTO ACKS", "INSERT INTO BLOBS", "UPDATE CHECKPOINTS SET"
+        ]
+        completing = await statements_of(1)
+        assert completing[:2] == ["SELECT JOBS.ID, JOBS.NAME,", "INSERT INTO ACKS"], completing
+        if backend == "postgres":
+            assert len(completing) == 3 and completing[2].startswith("WITH"), completing

@@ -223,3 +223,16 @@ async def test_unknown_job_is_404_everywhere(api):
         r = await getattr(api.client, method)(path)
         assert r.status_code == 404, (path, r.text)
         assert "job 999" in r.json()["error"]["message"]
+
+
+async def test_each_attempt_says_why_it_ended(api):
+    job = await api.job()
+    cause = "restart 1 after: SparkException: Job aborted due to stage failure"
+    r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"reason": cause})
+    assert r.status_code == 201, r.text
+    page = (await api.client.get(f"/api/v1/jobs/{job['id']}/attempts")).json()
+    by = {a["attempt"]: a for a in page["items"]}
+    assert by[1]["end_reason"] == cause and by[2]["reason"] == cause and by[2]["end_reason"] is None
+    await api.client.post(f"/api/v1/jobs/{job['id']}/finish", json={"status": "FINISHED", "message": "input done"})
+    page = (await api.client.get(f"/api/v1/jobs/{job['id']}/attempts")).json()
+    assert {a["attempt"]: a for a in page["items"]}[2]["end_reason"] == "the job ended as FINISHED: input done"

@@ -229,3 +229,62 @@ async def test_a_restore_plan_looks_at_each_old_subtask_a_bounded_number_of_time
     assert r.status_code == 201, r.text
     assert r.json()["restore_plan"]["rescaled"][0]["new_parallelism"] == p // 3
     assert len(calls) <= 3 * 2 * p, len(calls)
+
+
+async def _complete(api, job, attempt: int) -> int:
+    cp = (await api.trigger(job["id"])).json()["id"]
+    for r in await api.ack_all(job, cp, attempt):
+        assert r.status_code == 200, r.text
+    return cp
+
+
+async def test_an_attempt_after_another_restores_its_newest_checkpoint_chosen_as_it_opens(api):
+    job = await api.job(retained=1)
+    await _complete(api, job, 1)
+    newest = await _complete(api, job, 1)  # retained=1 collected the first one as this completed
+    r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"restore_after_attempt": 1})
+    assert r.status_code == 201, r.text
+    plan = r.json()["restore_plan"]
+    assert (plan["checkpoint_id"], plan["requested_checkpoint"]) == (newest, newest)
+    attempts = (await api.client.get(f"/api/v1/jobs/{job['id']}/attempts")).json()["items"]
+    assert attempts[0]["attempt"] == 2 and attempts[0]["restored_checkpoint_id"] == newest
+
+
+async def test_an_attempt_that_completed_nothing_is_continued_from_what_it_restored_not_a_newer_checkpoint(api):
+    job = await api.job(retained=3)
+    older = await _complete(api, job, 1)
+    await _complete(api, job, 1)
+    r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"restore_from_checkpoint": older})
+    assert r.json()["attempt"] == 2
+    r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"restore_after_attempt": 2})
+    assert r.status_code == 201, r.text
+    assert r.json()["restore_plan"]["checkpoint_id"] == older
+
+
+async def test_only_the_current_attempt_can_be_continued_where_it_left_off(api):
+    job = await api.job(retained=3)
+    await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={})
+    r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"restore_after_attempt": 1})
+    assert r.status_code == 409, r.text
+    assert "is on attempt 2, not 1" in r.text
+
+
+async def test_an_attempts_reason_is_in_the_attempts_api(api):
+    job = await api.job(retained=3)
+    reason = "restart 1 after: executor 0 on 10.0.0.7:40213 lost (worker lost)"
+    await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"reason": reason})
+    attempts = (await api.client.get(f"/api/v1/jobs/{job['id']}/attempts")).json()["items"]
+    assert [a["reason"] for a in attempts] == [reason, None]
+
+
+async def test_a_checkpoint_completed_late_by_the_failed_attempt_cannot_make_the_restart_restore_a_collected_one(api):
+    """retained=1: a restart that named the newest checkpoint it had read was refused once a killed task's late ack
+    completed a newer one (retention collected the named one); where the attempt left off is chosen as it opens."""
+    job = await api.job(retained=1)
+    read = await _complete(api, job, 1)  # what a restart reading the checkpoints would have chosen
+    late = await _complete(api, job, 1)  # a task of the stopped stage acknowledged meanwhile
+    named = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"restore_from_checkpoint": read})
+    assert named.status_code == 409 and "collected under the retention policy" in named.text
+    r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={"restore_after_attempt": 1})
+    assert r.status_code == 201, r.text
+    assert r.json()["restore_plan"]["checkpoint_id"] == late

@@ -220,3 +220,66 @@ async def test_trimming_the_event_logs_visits_only_jobs_with_events_to_trim(make
         with recorded_statements(api) as statements:
             await scheduler._trim_events()
         assert [st.split()[0] for st in statements if not st.startswith("BEGIN")] == ["SELECT"], statements
+
+
+async def test_a_periodic_trigger_held_back_by_a_pending_checkpoint_waits_for_its_end_not_for_a_poll(make_api):
+    """The pass that finds the next periodic checkpoint due but held back by one in progress does not poll the job
+    again every interval: the end of that checkpoint wakes a pass at once (no tick), and that pass triggers. With
+    min_pause the pass looks again when the pause is over."""
+    from app.domain.context import now_ms
+    from app.scheduler import FAR, Scheduler
+    from contract.models import Event
+
+    async with make_api(scheduler_enabled=False) as api:  # this test runs the scheduler's passes itself
+        scheduler = Scheduler(api.ctx)
+        job = await api.job(parallelism={"src": 1}, interval=20, timeout=600_000)
+        paused = await api.job(parallelism={"src": 1}, interval=20, min_pause=60_000, timeout=600_000)
+        await asyncio.sleep(0.05)  # both first checkpoints are due
+        assert await scheduler._periodic_triggers(now_ms()) < FAR
+        await asyncio.sleep(0.05)  # the second ones are due too, held back by the first
+        assert await scheduler._periodic_triggers(now_ms()) == FAR  # nothing to poll: an end will wake a pass
+
+        assert (await api.ack(job["id"], 1, "src", 0)).status_code == 200
+        assert (await api.ack(paused["id"], 1, "src", 0)).status_code == 200
+        (completed,) = [e for e in await api.events(job["id"]) if e["type"] == "checkpoint.completed"]
+        scheduler._heard(Event.model_validate(completed))  # as the bus hands it to the scheduler
+        assert scheduler._ended and scheduler._wake.is_set()  # a pass at once, without the tick
+
+        before = now_ms()
+        await scheduler._periodic_triggers(before)
+        assert await _completed_or_pending(api, job["id"]) == 2  # triggered by that pass
+        assert await _completed_or_pending(api, paused["id"]) == 1  # its pause is not over
+        done_at = (await api.checkpoint(paused["id"], 1))["completed_timestamp"]
+        assert await scheduler._trigger(paused["id"], 20, now_ms()) == done_at + 60_000  # looked at when it ends
+
+
+async def test_a_deadline_the_scheduler_cannot_act_on_is_retried_once_a_tick_not_in_a_spin(make_api):
+    """A checkpoint past its timeout whose abort keeps failing stays overdue: the passes after it are spaced by the
+    tick, however small the scheduler could make them."""
+    from app.scheduler import Scheduler
+
+    async with make_api(scheduler_tick=0.1) as api:
+        scheduler = api.app.state.scheduler
+        job = await api.job(parallelism={"src": 1}, timeout=50, tolerable_failures=100)
+        assert (await api.trigger(job["id"])).status_code == 201
+        failing = 0
+
+        async def cannot(self, job_id, cp_id, now):
+            nonlocal failing
+            failing += 1
+            raise RuntimeError("the job's row cannot be written")
+
+        original = Scheduler._expire_or_switch
+        Scheduler._expire_or_switch = cannot
+        try:
+            await api.wait_for(lambda: _true_if(failing >= 1), timeout=20, what="the overdue checkpoint's first try")
+            passes = scheduler.passes
+            await asyncio.sleep(1.0)
+            ran = scheduler.passes - passes
+        finally:
+            Scheduler._expire_or_switch = original
+        assert 1 <= ran <= 12, f"{ran} passes in 1 s with a tick of 0.1 s"
+
+
+async def _true_if(value: bool) -> bool:
+    return value

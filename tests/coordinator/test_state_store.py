@@ -852,7 +852,7 @@ def test_unknown_modes_are_refused_at_start_up(setting, value, tmp_path):
 async def test_concurrent_stats_of_a_file_store_run_in_one_thread_hop_and_each_gets_its_own_answer(
     tmp_path, monkeypatch
 ):
-    import app.blobstore as blobstore
+    import app.blobstore.local as blobstore  # the file store and its batched stat live there
 
     store = FileBlobStore(tmp_path.as_uri())
     store.local = False  # as on a network file system (on a local one the stats run on the event loop)

@@ -34,7 +34,8 @@ async def test_statistics_summarize_completed_checkpoints_with_flinks_fields(api
     await api.client.post(f"/api/v1/jobs/{job['id']}/savepoints", json={})
     stats = (await api.client.get(f"/api/v1/jobs/{job['id']}/checkpoints/stats")).json()
     assert stats["counts"] == {
-        "total": 7, "in_progress": 1, "completed": 5, "failed": 1, "savepoints": 1, "interrupted": 0
+        "total": 7, "in_progress": 1, "completed": 5, "failed": 1, "not_finished": 0, "aborted": 1, "savepoints": 1,
+        "interrupted": 0,
     }
     s = stats["summary"]
     assert s["persisted_data"]["min"] == 20 and s["persisted_data"]["max"] == 100
@@ -58,7 +59,8 @@ async def test_an_interrupted_checkpoint_is_counted_once_in_the_total(api):
     assert (await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={})).status_code == 201
     stats = (await api.client.get(f"/api/v1/jobs/{job['id']}/checkpoints/stats")).json()
     assert stats["counts"] == {
-        "total": 1, "in_progress": 0, "completed": 0, "failed": 1, "savepoints": 0, "interrupted": 1
+        "total": 1, "in_progress": 0, "completed": 0, "failed": 0, "not_finished": 1, "aborted": 1, "savepoints": 0,
+        "interrupted": 1,
     }
 
 

@@ -1,3 +1,2 @@
-"""Recovery tests share the session's SparkSession and coordinators with the other Spark tests."""
-
-from tests.spark_plugin.conftest import spark  # noqa: F401
+"""Recovery tests share the session's SparkSession (``spark``, in ``tests/conftest.py``) and coordinators with the
+other Spark tests."""

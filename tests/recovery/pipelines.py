@@ -31,34 +31,49 @@ RELEASE = "killer-done"
 
 
 class HeldSequenceSource(SequenceSource):
-    """A ``SequenceSource`` that holds back its last tenth until the file ``release`` exists, so a run under a
-    :class:`WorkerKiller` cannot end before every kill landed, however fast the machine is."""
+    """A ``SequenceSource`` that holds back the last tenth of each split until the file ``release`` exists, so a run
+    under a :class:`WorkerKiller` cannot end before every kill landed, however fast the machine is."""
 
     def __init__(self, count: int, keys: int, release: str) -> None:
         super().__init__(count=count, keys=keys)
         self.release = release
-        self._released = False
         self.pid_dir = str(Path(release).parent)
-
-    def _held(self) -> int | None:
-        """How many more records may go out now (None: no hold)."""
-        limit = self._limit()
-        if limit is None or self._released:
-            return None
-        if os.path.exists(self.release):
-            self._released = True
-            return None
-        return max(limit * 9 // 10 - self.emitted, 0)
 
     def poll(self, max_records: int):
         announce(self.pid_dir)  # also while held, when no record passes the Announce map
-        room = self._held()
+        return super().poll(max_records)
+
+    def build_split_reader(self, split, position):
+        return HeldSplit(super().build_split_reader(split, position), self.release)
+
+
+class HeldSplit:
+    """A split reader that stops at nine tenths of its split until the file ``release`` exists."""
+
+    def __init__(self, reader, release: str) -> None:
+        self.reader, self.release = reader, release
+        self.released = False
+
+    def _room(self) -> int | None:
+        """How many more records may go out now (None: no hold)."""
+        if self.reader.limit is None or self.released:
+            return None
+        if os.path.exists(self.release):
+            self.released = True
+            return None
+        return max(self.reader.limit * 9 // 10 - self.reader.k, 0)
+
+    def poll(self, max_records: int):
+        room = self._room()
         if room == 0:
             return []
-        return super().poll(max_records if room is None else min(max_records, room))
+        return self.reader.poll(max_records if room is None else min(max_records, room))
 
     def wait_hint(self) -> float | None:
-        return 0.05 if self._held() == 0 else super().wait_hint()
+        return 0.05 if self._room() == 0 else self.reader.wait_hint()
+
+    def __getattr__(self, name):
+        return getattr(self.reader, name)
 
 
 def keyed_counter(
@@ -180,6 +195,47 @@ class WorkerKiller:
             self.killed.append((victim.name, pid))
             last_stage = stage
         self._release()  # every kill landed: held sources may end the run
+
+
+class PhasedSequenceSource(SequenceSource):
+    """A load that rises and falls: each split emits its first ``burst`` records as fast as its output takes them,
+    then ``rate`` records per second; its last tenth waits for the file ``release`` (so the quiet phase lasts until
+    the test has seen what it waits for). The phase follows the split's position, so a restored run picks up in the
+    phase it was in."""
+
+    def __init__(self, count: int, keys: int, burst: int, rate: float, release: str) -> None:
+        super().__init__(count=count, keys=keys)
+        self.burst, self.slow_rate, self.release = burst, rate, release
+
+    def build_split_reader(self, split, position):
+        return PhasedSplit(super().build_split_reader(split, position), self.burst, self.slow_rate, self.release)
+
+
+class PhasedSplit:
+    def __init__(self, reader, burst: int, rate: float, release: str) -> None:
+        self.reader, self.burst, self.rate, self.release = reader, burst, rate, release
+        self.next_at = 0.0
+
+    def _held(self) -> bool:
+        return (self.reader.limit is not None and self.reader.k >= self.reader.limit * 9 // 10
+                and not os.path.exists(self.release))
+
+    def poll(self, max_records: int):
+        if self.reader.k < self.burst:
+            return self.reader.poll(min(max_records, self.burst - self.reader.k))
+        now = time.monotonic()
+        if now < self.next_at or self._held():
+            return []
+        self.next_at = max(self.next_at, now) + 1.0 / self.rate
+        return self.reader.poll(1)
+
+    def wait_hint(self) -> float | None:
+        if self.reader.k < self.burst:
+            return self.reader.wait_hint()
+        return 0.05 if self._held() else max(self.next_at - time.monotonic(), 0.0)
+
+    def __getattr__(self, name):
+        return getattr(self.reader, name)
 
 
 class CountAgain:

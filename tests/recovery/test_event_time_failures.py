@@ -43,22 +43,39 @@ class HeldEventSource(EventSequenceSource):
         super().__init__(**kw)
         self.release = release
         self.pid_dir = str(Path(release).parent)
-        self._released = False
-
-    def _held(self) -> bool:
-        if not self._released and os.path.exists(self.release):
-            self._released = True
-        return not self._released
 
     def poll(self, max_records: int):
         announce(self.pid_dir)
-        live = self._live()
-        if self._held() and live and min(self.next[q] for q in live) >= self.count * 9 // 10:
-            return []
         return super().poll(max_records)
 
+    def build_split_reader(self, split, position):
+        return HeldPartition(super().build_split_reader(split, position), self.release, self.count * 9 // 10)
+
+
+class HeldPartition:
+    """A partition's reader that stops at record ``hold`` until the file ``release`` exists."""
+
+    def __init__(self, reader, release: str, hold: int) -> None:
+        self.reader, self.release, self.hold = reader, release, hold
+        self.released = False
+
+    def _held(self) -> bool:
+        if not self.released and os.path.exists(self.release):
+            self.released = True
+        return not self.released and self.reader.n >= self.hold
+
+    def poll(self, max_records: int):
+        if self._held():
+            return []
+        if not self.released:
+            max_records = min(max_records, self.hold - self.reader.n)
+        return self.reader.poll(max_records)
+
     def wait_hint(self) -> float | None:
-        return 0.05 if not self._released else super().wait_hint()
+        return 0.05 if not self.released else self.reader.wait_hint()
+
+    def __getattr__(self, name):
+        return getattr(self.reader, name)
 
 
 class SlowCountAndSum:

@@ -67,7 +67,8 @@ def test_windows_rescaled_from_an_unaligned_checkpoint_equal_spark_sql(spark, co
         restored = max(x.id for x in c.list_checkpoints(first.job_id, status="COMPLETED", limit=500).items)
         assert c.get_checkpoint(first.job_id, restored).persisted_data > 0, "no in-flight data in the checkpoint"
         plan = c.restore_plan(first.job_id, restored)
-    reached = [n for s in plan.subtasks if s.vertex == "src" for n in s.source_offsets["next"].values()]
+    reached = [n for s in plan.subtasks if s.vertex == "src"
+               for n in EventSequenceSource.reached(s.source_offsets).values()]
     count = max(reached) + 1500  # the second run is bounded: every partition goes past where the checkpoint left it
     second = windowed("evt-rescale", count, out, sources=1, windows=3).run(
         spark, coordinator.url, checkpoint=UNALIGNED, network=SMALL_BUFFERS, job_id=first.job_id,

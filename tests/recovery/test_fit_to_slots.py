@@ -8,6 +8,7 @@ import time
 import pytest
 
 import spark_plugin.driver.supervisor as supervisor
+from contract.models import AfterAttempt
 from spark_plugin import FitToSlots, FixedDelay, Pipeline, PipelineError
 from spark_plugin.connectors import DiscardSink, SequenceSource
 from spark_plugin.driver.run import RunFailed, RunResult
@@ -112,7 +113,7 @@ def test_after_a_lost_executor_the_restart_runs_scaled_down_from_the_latest_chec
     assert result.status == "finished"
     assert calls[0]["parallelism"] == {"src": 2, "count": 6, "fmt": 2}
     assert calls[1]["parallelism"] == {"src": 1, "count": 3, "fmt": 1}
-    assert calls[1]["restore_from"] == 5  # the failed attempt's newest completed checkpoint
+    assert calls[1]["restore_from"] == AfterAttempt(1)  # the coordinator chooses where attempt 1 left off
     assert "scaled down to the 5 task slots Spark offers (10 wanted): src 2->1, count 6->3, fmt 2->1" in calls[1]["reason"]
     assert calls[1]["reason"].startswith("restart 1 after: job 1 attempt 1: executor lost")
 
@@ -138,8 +139,8 @@ def test_a_scaled_down_run_is_stopped_and_scaled_back_up_once_the_slots_return(s
     assert FakeSpark.sparkContext.cancelled, "the scaled-down run was not stopped"
     assert calls[0]["parallelism"] == {"src": 1, "count": 3, "fmt": 1}
     assert calls[1]["parallelism"] == {"src": 2, "count": 6, "fmt": 2}
-    assert calls[1]["restore_from"] == 8  # the newest checkpoint the scaled-down attempt completed
-    assert calls[1]["reason"].startswith("scaled back to full parallelism from checkpoint 8")
+    assert calls[1]["restore_from"] == AfterAttempt(2)  # where the scaled-down attempt left off
+    assert calls[1]["reason"].startswith("scaled back to full parallelism where attempt 2 left off")
 
 
 def test_an_attempt_waits_for_registering_executors_before_it_scales_down(scripted):
@@ -178,3 +179,26 @@ def test_too_few_slots_for_too_long_fails_the_run_saying_what_it_needs(scripted)
             fit_to_slots=FitToSlots(stabilization=2, resource_wait=10), slots=lambda spark: 2,
         ).run(FakeSpark, "http://c")
     assert calls == [] and sum(slept) == 12
+
+
+def test_a_restart_reports_what_its_own_attempt_restored_not_what_a_later_scale_up_restored(scripted):
+    calls, outcomes = scripted
+    slots = iter([10, 5])
+
+    def cancelled_when_slots_return():
+        end = time.monotonic() + 10
+        while not FakeSpark.sparkContext.cancelled and time.monotonic() < end:
+            time.sleep(0.01)
+        raise RunFailed("job 1 attempt 2: Job cancelled", 1, 2, plan(5))  # the restart's attempt restored 5
+
+    outcomes += [RunFailed("job 1 attempt 1: executor lost", 1, 1, plan(None)), cancelled_when_slots_return,
+                 RunResult(1, 3, "finished", restore_plan=plan(8))]  # the scale-up restored 8
+    FakeSpark.sparkContext.cancelled = []
+    result = supervisor.Supervisor(
+        pipeline(), FixedDelay(3, 0.0), sleep=lambda s: None,
+        fit_to_slots=FitToSlots(check_every=0.05, stabilization=0),
+        slots=lambda spark: next(slots, 10),
+    ).run(FakeSpark, "http://c")
+    assert len(calls) == 3 and result.attempt == 3
+    [restart] = result.restarts
+    assert (restart.failed_attempt, restart.attempt, restart.restored) == (1, 2, 5)

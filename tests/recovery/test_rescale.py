@@ -54,7 +54,8 @@ def first_run_until_checkpoints(spark, url, name, sink, pid_dir, parallelism, ch
 def count_covering(client: OvertakeClient, job_id: int, checkpoint_id: int, more: int = 6_000) -> int:
     """A record count for the bounded second run that covers every split past where the checkpoint left it."""
     plan = client.restore_plan(job_id, checkpoint_id)
-    positions = [k for s in plan.subtasks if s.vertex == "src" for k in s.source_offsets["positions"].values()]
+    positions = [k for s in plan.subtasks if s.vertex == "src"
+                 for k in SequenceSource.emitted_per_split(s.source_offsets).values()]
     return SPLITS * max(positions) + more
 
 

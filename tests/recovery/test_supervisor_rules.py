@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 import spark_plugin.driver.supervisor as supervisor
+from contract.models import AfterAttempt
 from spark_plugin.driver.restart import ExponentialBackoff, FixedDelay
 from spark_plugin.driver.run import RunFailed, RunResult
 from spark_plugin.driver.supervisor import RestartsExhausted, Supervisor
@@ -39,8 +40,12 @@ class FakeClient:
     late_completion: tuple | None = None
 
 
-def plan(checkpoint_id):
-    return SimpleNamespace(checkpoint_id=checkpoint_id, fallbacks=[])
+def plan(checkpoint_id, requested=None):
+    """A restore plan that restored ``checkpoint_id`` (chosen: ``requested``, else the same)."""
+    return SimpleNamespace(
+        checkpoint_id=checkpoint_id, requested_checkpoint=checkpoint_id if requested is None else requested,
+        fallbacks=[],
+    )
 
 
 @pytest.fixture
@@ -68,22 +73,21 @@ def scripted(monkeypatch, outcomes):
     return calls
 
 
-def test_a_restart_restores_the_failed_attempts_newest_checkpoint_not_a_late_one_of_an_older_attempt(
-    fake, monkeypatch
-):
-    # attempt 2 restored 5 and completed 7 and 8; checkpoint 9 of attempt 1 completed late, off the lineage
-    fake.checkpoints = [(9, 1), (8, 2), (7, 2), (5, 1)]
-    calls = scripted(monkeypatch, [RunFailed("boom", 1, 2, plan(5)), RunResult(1, 3, "finished")])
+def test_a_restart_has_the_coordinator_choose_where_the_failed_attempt_left_off(fake, monkeypatch):
+    """Not a checkpoint id read before the attempt opens: a killed task's late ack could complete a newer one
+    meanwhile and retention (retained=1) collect the id read, so the attempt could not open (a 409)."""
+    calls = scripted(monkeypatch, [RunFailed("boom", 1, 2, plan(5)), RunResult(1, 3, "finished", restore_plan=plan(8))])
     result = Supervisor(object(), FixedDelay(3, 0.0), sleep=lambda s: None).run(None, "http://c", restore_from=5)
-    assert calls == [5, 8]
-    assert result.status == "finished" and [r.restore_from for r in result.restarts] == [8]
+    assert calls == [5, AfterAttempt(2)]
+    assert result.status == "finished"
 
 
-def test_an_attempt_that_completed_no_checkpoint_restarts_from_what_it_restored(fake, monkeypatch):
-    fake.checkpoints = [(12, 1), (4, 1)]  # a newer checkpoint exists, but attempt 3 started from savepoint 4
-    calls = scripted(monkeypatch, [RunFailed("boom", 1, 3, plan(4)), RunResult(1, 4, "finished")])
-    Supervisor(object(), FixedDelay(1, 0.0), sleep=lambda s: None).run(None, "http://c", job_id=1, restore_from=4)
-    assert calls == [4, 4]
+def test_a_restart_records_what_the_coordinator_restored_for_it(fake, monkeypatch):
+    # the coordinator chose checkpoint 8, where attempt 2 left off, and fell back to 7 (a blob of 8 was corrupt)
+    scripted(monkeypatch, [RunFailed("boom", 1, 2, plan(5)), RunResult(1, 3, "finished", restore_plan=plan(7, 8))])
+    result = Supervisor(object(), FixedDelay(3, 0.0), sleep=lambda s: None).run(None, "http://c")
+    [restart] = result.restarts
+    assert (restart.failed_attempt, restart.attempt, restart.restore_from, restart.restored) == (2, 3, 8, 7)
 
 
 def test_backoff_delays_are_slept_between_restarts(fake, monkeypatch):

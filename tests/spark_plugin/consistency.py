@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 from collections import Counter
 
+from spark_plugin.connectors.sequence import SequenceSource
 from spark_plugin.task.channel_state import ChannelStateReader
 
 
@@ -42,17 +43,12 @@ def cut_of_checkpoint(acks: dict, blob: callable, sink_id: str, source_vertex: s
 
 def emitted(offsets: dict) -> int:
     """How many records a SequenceSource subtask had emitted, from its offsets."""
-    return sum(offsets["positions"].values())
+    return sum(SequenceSource.emitted_per_split(offsets).values())
 
 
 def expected_seqs(offsets_by_subtask: dict[int, dict]) -> Counter:
     """Seqs SequenceSource subtasks emitted, given each one's offsets (records per split)."""
-    return Counter(
-        int(split) + k * o["splits"]
-        for o in offsets_by_subtask.values()
-        for split, n in o["positions"].items()
-        for k in range(n)
-    )
+    return Counter(seq for o in offsets_by_subtask.values() for seq in SequenceSource.seqs_emitted(o))
 
 
 def assert_consistent_cut(cut: dict, source_parallelism: int | None = None) -> None:

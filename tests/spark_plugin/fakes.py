@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
+from typing import TypeVar
 
 from contract.events import CheckpointAborted, CheckpointCompleted, CheckpointTriggered, EventPayload
 from spark_plugin.network.barrier import CheckpointBarrier
+
+T = TypeVar("T")
 
 
 class RecordingActions:
@@ -267,7 +271,10 @@ class StoreCoordinator(InMemoryCoordinator):
                     ]
                 segs.append(seg)
             plan[(vertex, index)] = {
-                "operator_state": [{"blob_id": blob(w["key"], "operator"), "from_subtask": index}]
+                "operator_state": [
+                    {"blob_id": blob(w["key"], "operator"), "sha256": w["operator_sha256"], "size": w["operator_size"],
+                     "from_subtask": index}
+                ]
                 if w["operator_size"]
                 else [],
                 "source_offsets": ack.get("source_offsets"),
@@ -300,3 +307,21 @@ class _StoreReporter(_FakeReporter):
                 c.completed.append(checkpoint_id)
         if done:
             c.publish(CheckpointCompleted(checkpoint_id=checkpoint_id, attempt=None))
+
+
+def sample_until(take: Callable[[], T], why_not: Callable[[T], object], what: str, tries: int = 4) -> T:
+    """``take()`` again, at most ``tries`` times, until ``why_not`` of its result is None, and return that result.
+
+    A test of a restore under backpressure needs a checkpoint that holds data in flight, and what is in flight when
+    a barrier passes depends on how the threads were scheduled: on a loaded machine a checkpoint can catch the queues
+    drained. The claim is about a checkpoint that holds such data, so the sample is taken again rather than the claim
+    weakened. ``why_not`` says what a sample lacks (None: nothing); when every try lacks something, the failure lists
+    what each lacked."""
+    seen = []
+    for _ in range(tries):
+        sample = take()
+        lacking = why_not(sample)
+        if lacking is None:
+            return sample
+        seen.append(lacking)
+    raise AssertionError(f"{tries} samples held no {what}: {seen}")

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from client.errors import CoordinatorUnreachable, NotFound
+from client.errors import Conflict, CoordinatorUnreachable, NotFound, Unauthorized
 from client.sync import OvertakeClient
 from spark_plugin.task import ack_relay
 from spark_plugin.task.ack_relay import AckRelay, RelayClient, RelayReporter, RelayUnusable, relay_of
@@ -92,10 +92,12 @@ def test_acks_waiting_together_go_as_one_request_and_complete_the_checkpoint(sec
     try:
         cp = admin.trigger_checkpoint(job.id).id
         errors: list[BaseException] = []
+        sent: dict[int, dict] = {}
 
         def ack(i: int) -> None:
-            try:
-                reporters[i].ack(cp, {"metrics": {"unaligned": True}})
+            try:  # each subtask's own ack time, as its ack worker stamps it
+                sent[i] = {"metrics": {"unaligned": True, "ack_timestamp": int(time.time() * 1000)}}
+                reporters[i].ack(cp, sent[i])
             except BaseException as e:  # noqa: BLE001
                 errors.append(e)
 
@@ -106,6 +108,8 @@ def test_acks_waiting_together_go_as_one_request_and_complete_the_checkpoint(sec
         for t in rest:
             t.start()
         _wait(lambda: relay.queued == N - 1, "the other acks to reach the relay")
+        time.sleep(0.05)
+        released = int(time.time() * 1000)
         gated.gate.set()
         for t in [first, *rest]:
             t.join(30)
@@ -115,8 +119,11 @@ def test_acks_waiting_together_go_as_one_request_and_complete_the_checkpoint(sec
         assert all(r.relayed == 1 for r in reporters)
         done = admin.get_checkpoint(job.id, cp)
         assert done.status.value == "COMPLETED" and done.num_acknowledged_subtasks == N
+        # each subtask's ack time is its own, not its batch's arrival: the first waited at the gate
+        times = {s.subtask_index: s.ack_timestamp for s in done.subtasks}
+        assert times[0] < released and len(set(times.values())) > 1
         # the same ack again, through the relay: a duplicate, answered as a success
-        reporters[3].ack(cp, {"metrics": {"unaligned": True}})
+        reporters[3].ack(cp, sent[3])
         assert reporters[3].relayed == 2
     finally:
         for r in reporters:
@@ -255,3 +262,121 @@ def test_the_lowest_task_of_each_host_serves_it():
     assert relay_of(peers, 3)["task"] == 1
     assert relay_of(peers, 1)["task"] == 1
     assert relay_of(peers, 4) is None
+
+
+# --------------------------------------------------------------------------- live metrics through the relay
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _metrics_reporters(url, attempt, job_id, port, n=N):
+    """Reporters as a Spark task makes them: acks and live metrics, through the relay at ``port``."""
+    out = []
+    for i in range(n):
+        client = OvertakeClient(url, attempt.task_token)
+        r = RelayReporter(client, SubtaskIdentity(job_id, attempt.attempt, "v", i), metrics_client=client,
+                          token=attempt.task_token)
+        r.use_relay(("127.0.0.1", port))
+        out.append(r)
+    return out
+
+
+@contextlib.contextmanager
+def _metrics_relay(url, attempt, job_id, n=N, **kw):
+    relay = AckRelay(OvertakeClient(url, attempt.task_token), job_id, attempt.task_token, attempt=attempt.attempt,
+                     metrics_client=OvertakeClient(url, attempt.task_token), **kw)
+    port = relay.start()
+    reporters = _metrics_reporters(url, attempt, job_id, port, n)
+    try:
+        yield relay, reporters
+    finally:
+        for r in reporters:
+            r.close()
+        relay.close()
+
+
+def test_the_metrics_of_a_hosts_subtasks_go_as_one_request_each_with_its_own_figures_and_time(
+    secured_coordinator, admin, job
+):
+    job, attempt = job
+    # no flush of its own during the test: the test flushes once every sample arrived
+    with _metrics_relay(secured_coordinator.url, attempt, job.id, metrics_flush=3600) as (relay, reporters):
+        base = _now_ms() - 3000
+        for i, r in enumerate(reporters):
+            r.report_metrics({"records_in_per_second": 100.0 * (i + 1), "backpressure": i / 10}, base + 100 * i)
+        _wait(lambda: len(relay._metrics) == N, "the relay to hold every subtask's sample")
+        relay._flush_metrics()
+        assert (relay.metrics_requests, relay.metrics_reports) == (1, N)
+        assert [r.metrics_relayed for r in reporters] == [1] * N
+        (v,) = admin.live_metrics(job.id).vertices
+        shown = sorted(v.subtasks, key=lambda s: s.subtask_index)
+        # each subtask's own figures and its own measuring time: the batch did not make them the relay's
+        assert [s.timestamp for s in shown] == [base + 100 * i for i in range(N)]
+        assert [s.metrics.records_in_per_second for s in shown] == [100.0 * (i + 1) for i in range(N)]
+        assert v.reporting == N and v.backpressure_max == (N - 1) / 10
+
+
+def test_the_relay_keeps_the_newest_sample_of_each_subtask():
+    relay = AckRelay(None, 1, None, attempt=1, metrics_client=object())
+    relay._offer_metrics({"vertex": "v", "subtask_index": 0, "timestamp": 200, "metrics": {"records_in": 2}})
+    relay._offer_metrics({"vertex": "v", "subtask_index": 0, "timestamp": 100, "metrics": {"records_in": 1}})
+    relay._offer_metrics({"vertex": "v", "subtask_index": 1, "timestamp": 50, "metrics": {"records_in": 5}})
+    assert {k: m["metrics"]["records_in"] for k, m in relay._metrics.items()} == {("v", 0): 2, ("v", 1): 5}
+
+
+def test_a_relay_that_takes_no_metrics_leaves_them_direct(secured_coordinator, admin, job):
+    job, attempt = job
+    relay = AckRelay(OvertakeClient(secured_coordinator.url, attempt.task_token), job.id, attempt.task_token)
+    port = relay.start()
+    (r,) = _metrics_reporters(secured_coordinator.url, attempt, job.id, port, 1)
+    try:
+        assert r.relay is not None and not r.relay.takes_metrics
+        r.report_metrics({"records_in_per_second": 7.0}, _now_ms())
+        assert r.metrics_relayed == 0
+        (v,) = admin.live_metrics(job.id).vertices
+        assert v.records_in_per_second == 7.0
+    finally:
+        r.close()
+        relay.close()
+
+
+def test_metrics_go_directly_once_the_relay_is_gone(secured_coordinator, admin, job):
+    job, attempt = job
+    with _metrics_relay(secured_coordinator.url, attempt, job.id, n=1, metrics_flush=3600) as (relay, (r,)):
+        relay.close()
+        deadline = time.monotonic() + 30
+        n = 0
+        # a write to a closed peer can succeed once before the reset comes back: samples until one goes directly
+        while r.relay.takes_metrics:
+            assert time.monotonic() < deadline, "the reporter kept handing samples to a relay that is gone"
+            n += 1
+            r.report_metrics({"records_in_per_second": float(n)}, _now_ms())
+            time.sleep(0.01)
+        (v,) = admin.live_metrics(job.id).vertices
+        assert v.records_in_per_second == float(n)  # the last sample went directly
+
+
+def test_a_metrics_batch_keeps_each_known_subtasks_report_and_refuses_an_unknown_one_alone(
+    secured_coordinator, admin, job
+):
+    job, attempt = job
+    t = _now_ms()
+    with OvertakeClient(secured_coordinator.url, attempt.task_token) as task:
+        result = task.report_metrics_batch(job.id, attempt.attempt, [
+            {"vertex": "v", "subtask_index": 0, "timestamp": t, "metrics": {"records_in_per_second": 1.0}},
+            {"vertex": "v", "subtask_index": N, "timestamp": t, "metrics": {"records_in_per_second": 2.0}},
+            {"vertex": "w", "subtask_index": 0, "timestamp": t, "metrics": {"records_in_per_second": 3.0}},
+        ])
+        assert [i.status_code for i in result.items] == [204, 404, 404]
+        assert f"vertex 'v' has parallelism {N}" in result.items[1].error and "no vertex 'w'" in result.items[2].error
+        (v,) = admin.live_metrics(job.id).vertices
+        assert (v.reporting, v.records_in_per_second) == (1, 1.0)
+        with pytest.raises(Unauthorized, match="not attempt"):
+            task.report_metrics_batch(job.id, attempt.attempt + 1, [
+                {"vertex": "v", "subtask_index": 0, "timestamp": t + 1, "metrics": {}}])
+    with pytest.raises(Conflict):
+        admin.report_metrics_batch(job.id, attempt.attempt + 1, [
+            {"vertex": "v", "subtask_index": 0, "timestamp": t + 1, "metrics": {}}])
+    assert admin.live_metrics(job.id).vertices[0].records_in_per_second == 1.0  # nothing of a refused batch kept

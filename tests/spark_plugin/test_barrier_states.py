@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from spark_plugin.task.barriers import (
-    BarrierHandler,
-    CheckpointBarrier,
+from spark_plugin.network.barrier import CheckpointBarrier
+from spark_plugin.task.barrier_states import (
     CollectingAligned,
     CollectingAlignedOverBudget,
     CollectingAlignedUntilTimeout,
     CollectingUnaligned,
     WaitingForFirstBarrier,
 )
+from spark_plugin.task.barriers import BarrierHandler
 from tests.spark_plugin.fakes import RecordingActions
 
 

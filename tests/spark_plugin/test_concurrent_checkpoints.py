@@ -8,8 +8,10 @@ import pickle
 from spark_plugin import Pipeline
 from spark_plugin.connectors import CollectSink, SequenceSource
 from spark_plugin.network.barrier import CheckpointBarrier
+from spark_plugin.network.channel_items import Buffer
 from spark_plugin.network.framing import decode_records, encode_records
-from spark_plugin.task.barriers import BarrierHandler, CollectingUnaligned, WaitingForFirstBarrier
+from spark_plugin.task.barrier_states import CollectingUnaligned, WaitingForFirstBarrier
+from spark_plugin.task.barriers import BarrierHandler
 from spark_plugin.task.channel_state import ChannelStateReader
 from tests.spark_plugin.fakes import InMemoryCoordinator, RecordingActions
 from tests.spark_plugin.test_subtask_scripted import build
@@ -147,7 +149,7 @@ def test_two_checkpoints_in_flight_each_record_exactly_their_buffers_and_are_con
     def data(ch, *names):
         with st.lock:
             for name in names:
-                ch.items.append(("B", bufs[name]))
+                ch.items.append(Buffer(bufs[name]))
 
     def barrier(ch, cid):
         with st.lock:
@@ -169,7 +171,7 @@ def test_two_checkpoints_in_flight_each_record_exactly_their_buffers_and_are_con
     data(b, "b3")
     with st.lock:
         st.gate._queue_priority(b, unaligned(1))
-        b.items.append(("B", bufs["b4"]))
+        b.items.append(Buffer(bufs["b4"]))
         st.gate._queue_priority(b, unaligned(2))
         barrier_b1_overtakes = list(b.buffers_before(1))
     st._handle_priority()

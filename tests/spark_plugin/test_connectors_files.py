@@ -39,13 +39,36 @@ def drain(source, batch: int = 10) -> list:
 def test_json_lines_source_resumes_after_its_offsets(tmp_path):
     records = write_jsonl(tmp_path / "in", files=3, per_file=25)
     src = JsonLinesSource(str(tmp_path / "in"))
-    src.open(0, 2)  # files 0 and 2
-    first = src.poll(30)
+    src.open(0, 1)
+    first = src.poll(30) + src.poll(30)  # a batch of two files
     offsets = src.offsets()
     again = JsonLinesSource(str(tmp_path / "in"))
-    again.open(0, 2)
+    again.open(0, 1)
     again.seek(offsets)
-    assert first + drain(again) == [r for r in records if r["id"] < 25 or r["id"] >= 50]
+    got = first + drain(again)
+    assert sorted(r["id"] for r in got) == [r["id"] for r in records]
+    for f in range(3):
+        assert [r["id"] for r in got if r["id"] // 25 == f] == list(range(f * 25, f * 25 + 25)), "out of order"
+
+
+def test_the_files_of_a_json_lines_source_are_shared_by_its_subtasks(tmp_path):
+    records = write_jsonl(tmp_path / "in", files=6, per_file=5)
+    got = []
+    for i in range(3):
+        src = JsonLinesSource(str(tmp_path / "in"))
+        src.open(i, 3)
+        got += drain(src)
+    assert sorted(r["id"] for r in got) == [r["id"] for r in records]
+
+
+def test_offsets_of_the_file_sources_from_before_files_were_splits_still_restore(tmp_path):
+    records = write_jsonl(tmp_path / "in", files=3, per_file=4)
+    line = len(json.dumps(records[0]) + "\n")
+    src = JsonLinesSource(str(tmp_path / "in"))
+    src.open(0, 1)
+    # old subtask 0 of 2 read file 0 to its end and one line of file 2; old subtask 1 had not started file 1
+    src.restore_positions([{"files": {"0": -1, "2": line}}, {"file": 0, "position": 0}])
+    assert sorted(r["id"] for r in drain(src)) == [*range(4, 8), *range(9, 12)]
 
 
 def test_parquet_source_resumes_after_its_offsets(tmp_path):
@@ -59,7 +82,9 @@ def test_parquet_source_resumes_after_its_offsets(tmp_path):
     again = ParquetSource(str(d), batch_rows=16)
     again.open(0, 1)
     again.seek(src.offsets())
-    assert [r["id"] for r in first + drain(again, 37)] == list(range(200))
+    ids = [r["id"] for r in first + drain(again, 37)]
+    assert sorted(ids) == list(range(200))
+    assert [i for i in ids if i < 100] == list(range(100)) and [i for i in ids if i >= 100] == list(range(100, 200))
 
 
 def slow(key, record, state):
@@ -109,3 +134,21 @@ def test_file_sink_output_is_exactly_once_across_a_restore_and_complete_at_the_e
     got = committed_records(out)
     assert sorted(r["id"] for r in got) == [r["id"] for r in records]
     assert not list((out / ".pending").iterdir()) and not list((out / ".inprogress").iterdir())
+
+
+def test_a_json_lines_files_lag_is_the_bytes_left_and_a_parquet_files_the_rows_left(tmp_path):
+    write_jsonl(tmp_path / "in", files=1, per_file=10)
+    path = tmp_path / "in" / "in-0.jsonl"
+    src = JsonLinesSource(str(tmp_path / "in"))
+    src.open(0, 1)
+    assert [s["lag"] for s in src.split_metrics(100)["splits"]] == [None]  # not opened yet
+    src.poll(4)
+    (split,) = src.split_metrics(100)["splits"]
+    assert split["lag"] == path.stat().st_size - int(split["position"]) > 0
+
+    pq.write_table(pa.table({"id": list(range(50))}), tmp_path / "rows.parquet")
+    rows = ParquetSource(str(tmp_path / "rows.parquet"), batch_rows=16)
+    rows.open(0, 1)
+    rows.poll(20)
+    (split,) = rows.split_metrics(100)["splits"]
+    assert (split["position"], split["lag"]) == ("20", 30)

@@ -75,14 +75,24 @@ def test_redis_streams_source_reads_every_entry_and_resumes_after_its_ids(redis_
     import redis
 
     r = redis.Redis.from_url(redis_url, decode_responses=True)
-    streams = [f"overtake-test-{uuid.uuid4().hex[:8]}-{i}" for i in range(3)]
+    tag = uuid.uuid4().hex[:8]  # one prefix: stream i goes to subtask (start + i) % 2, so each subtask owns one
+    streams = [f"overtake-test-{tag}-{i}" for i in range(3)]
     try:
         for i, s in enumerate(streams):
             for n in range(200):
                 r.xadd(s, {"n": str(n), "stream": str(i)})
         src = RedisStreamSource(redis_url, streams, stop_at_end=True)
-        src.open(0, 2)  # streams 0 and 2
-        first = src.poll(150)
+        src.open(0, 2)
+        mine = src.partitions()  # the streams the runtime gave subtask 0 of 2
+        assert mine and all(r.xlen(s) == 200 for s in mine), {s: r.xlen(s) for s in streams}
+        first = []
+        for _ in range(2):
+            got = src.poll(150)
+            assert got is not None, (
+                f"the source ended after {len(first)} entries of {mine}: "
+                f"{ {s: r.xlen(s) for s in mine} } in Redis, positions {src.offsets()}"
+            )
+            first += got
         again = RedisStreamSource(redis_url, streams, stop_at_end=True)
         again.open(0, 2)
         again.seek(src.offsets())
@@ -90,8 +100,8 @@ def test_redis_streams_source_reads_every_entry_and_resumes_after_its_ids(redis_
         while (got := again.poll(64)) is not None:
             rest += got
         entries = first + rest
-        assert len(entries) == 400 and len({(s, i) for s, i, _ in entries}) == 400
-        assert {s for s, _, _ in entries} == {streams[0], streams[2]}
+        assert len(entries) == 200 * len(mine) and len({(s, i) for s, i, _ in entries}) == len(entries)
+        assert {s for s, _, _ in entries} == set(mine)
 
         p = Pipeline("redis", parallelism=2)
         p.source(RedisStreamSource(redis_url, streams, stop_at_end=True), id="src").map(

@@ -24,18 +24,20 @@ def test_demo_runs_one_policy_against_a_given_coordinator(spark, coordinator, ca
         assert jobs and jobs[0].num_completed >= 1
 
 
-def test_summary_leaves_out_warm_up_and_counts_checkpoints_unfinished_at_the_end_apart():
+def test_summary_leaves_out_warm_up_and_counts_checkpoints_in_the_words_of_the_ui_and_the_api():
     class C:
         def __init__(self, id, status, e2e=None, reason=None, persisted=0):
             from types import SimpleNamespace
 
             self.id, self.status, self.end_to_end_duration = id, SimpleNamespace(value=status), e2e
             self.failure_reason, self.persisted_data, self.alignment_duration = reason, persisted, 0
+            self.abort_reason = reason.split(":")[0] if reason else None
 
     cps = [C(1, "COMPLETED", 7000), C(2, "COMPLETED", 100, persisted=10), C(3, "COMPLETED", 300, persisted=30),
-           C(4, "ABORTED", reason="job_ended: the job ended as FINISHED")]
+           C(4, "ABORTED", reason="job_ended: the job ended as FINISHED"), C(5, "ABORTED", reason="subsumed: x"),
+           C(6, "ABORTED", reason="expired: took longer than 600000 ms")]
     s = demo.summarize(cps, records=500, seconds=5)
-    assert s["checkpoints after warm-up"] == 3 and s["completed"] == 2 and s["aborted"] == 0
-    assert s["unfinished when the run ended"] == 1
+    assert s["checkpoints after warm-up"] == 5 and s["completed"] == 2
+    assert (s["failed"], s["not finished"], s["in progress"]) == (1, 2, 0)
     assert s["max end-to-end"] == 300 and s["avg persisted in-flight"] == 20
     assert s["records/s (slow stage)"] == 100

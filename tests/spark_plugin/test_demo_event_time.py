@@ -24,3 +24,15 @@ def test_every_event_is_counted_in_its_window_or_reported_late():
         final[(k, s)] = max(final.get((k, s), 0), n)
     assert sum(final.values()) + len(late) == 4 * count
     assert late and len(windows) > len(final)  # late records on the side, and late updates of windows
+
+
+def test_event_time_starts_at_the_wall_clock_and_runs_long_enough_to_watch_its_watermark():
+    import time
+
+    before = int(time.time() * 1000)
+    source = demo.events(demo.COUNT, demo.REAL_TIME_RATE)
+    assert before - demo.WINDOW_MS < source.start_ms <= int(time.time() * 1000)  # not 1970
+    # at the scenario's rate event time advances as fast as the wall clock (per partition of speed 1) ...
+    assert demo.REAL_TIME_RATE / demo.PARTITIONS * demo.INTERVAL_MS == 1000
+    # ... for long enough to watch the watermark move in the UI
+    assert demo.PARTITIONS * demo.COUNT / demo.REAL_TIME_RATE >= 20

@@ -14,11 +14,12 @@ from spark_plugin.api.watermarks import MAX_WATERMARK, WatermarkStrategy
 from spark_plugin.api.windows import EventTimeSessionWindows, TumblingEventTimeWindows
 from spark_plugin.connectors import CollectSink, SequenceSource
 from spark_plugin.connectors.event_sequence import EventSequenceSource
-from spark_plugin.network import input as net_input
 from spark_plugin.network.barrier import CheckpointBarrier
+from spark_plugin.network.channel_items import END, Buffer, PriorityBarrier
 from spark_plugin.network.config import NetworkConfig
 from spark_plugin.network.elements import IDLE, Watermark, is_marker
 from spark_plugin.network.framing import decode_records, encode_records
+from spark_plugin.network.output_items import OutBuffer, OutEnd
 from spark_plugin.plan.topology import subtask_specs
 from spark_plugin.task.life import build_subtask
 from tests.spark_plugin.fakes import InMemoryCoordinator
@@ -75,13 +76,13 @@ def timers_pipeline() -> Pipeline:
 def queued(st) -> list:
     """Everything the subtask sent on its first output channel (no receiver attached: it all stays queued)."""
     st.partition.flush()
-    return [e for item in st.partition.channels[0].queue if item[0] == "B" for e in decode_records(item[1])]
+    return [e for item in st.partition.channels[0].queue if type(item) is OutBuffer for e in decode_records(item.data)]
 
 
 def feed_burst(st, watermark: int = BURST) -> None:
     """One buffer: a record per key at timestamps 0..BURST-1 (a timer each), then a watermark that makes all due."""
     records = [(f"key-{i}", i) for i in range(BURST)]
-    st.gate.channels[0].items.append((net_input.BUFFER, encode_records(records + [Watermark(watermark)])))
+    st.gate.channels[0].items.append(Buffer(encode_records(records + [Watermark(watermark)])))
 
 
 def test_a_priority_barrier_is_acted_on_between_two_timer_firings_of_a_burst():
@@ -94,7 +95,7 @@ def test_a_priority_barrier_is_acted_on_between_two_timer_firings_of_a_burst():
     assert st.records_in == BURST and st.event_time.busy() and fn.fired == 0
 
     def arrive():
-        st.gate.channels[0].items.append((net_input.PRIORITY, BARRIER))
+        st.gate.channels[0].items.append(PriorityBarrier(BARRIER))
         st.gate.priority.append((0, BARRIER))
 
     ON_FIRING[5] = arrive  # the barrier arrives while the fifth timer fires
@@ -136,14 +137,14 @@ def test_the_end_of_input_fires_every_event_time_timer_before_the_output_ends():
     coord = InMemoryCoordinator()
     st = build("timers", timers_pipeline(), coord)
     records = [(f"k{i}", 10_000 + i) for i in range(50)]
-    st.gate.channels[0].items.extend([(net_input.BUFFER, encode_records(records)), (net_input.END,)])
+    st.gate.channels[0].items.extend([Buffer(encode_records(records)), END])
     while st._step():
         pass
     assert st.ended_output
     sent = queued(st)
     assert sorted(r for r in sent if not is_marker(r)) == sorted(records)
     assert sent[-1] == Watermark(MAX_WATERMARK)
-    assert st.partition.channels[0].queue[-1][0] == "END"
+    assert type(st.partition.channels[0].queue[-1]) is OutEnd
 
 
 def window_with_late_records() -> Pipeline:
@@ -167,13 +168,13 @@ def test_late_records_go_only_to_the_side_output_and_results_only_to_the_main_ou
     coord = InMemoryCoordinator()
     st = build("count", p, coord)
     ch = st.gate.channels[0]
-    ch.items.append((net_input.BUFFER, encode_records([("a", 10), ("a", 50), Watermark(150), ("a", 20), ("a", 120)])))
-    ch.items.append((net_input.END,))
+    ch.items.append(Buffer(encode_records([("a", 10), ("a", 50), Watermark(150), ("a", 20), ("a", 120)])))
+    ch.items.append(END)
     while st._step():
         pass
     main, side = st.partition.channels
-    results = [e for item in main.queue if item[0] == "B" for e in decode_records(item[1])]
-    late = [e for item in side.queue if item[0] == "B" for e in decode_records(item[1])]
+    results = [e for item in main.queue if type(item) is OutBuffer for e in decode_records(item.data)]
+    late = [e for item in side.queue if type(item) is OutBuffer for e in decode_records(item.data)]
     assert [r for r in results if not is_marker(r)] == [("a", 0, 100, 2), ("a", 100, 200, 1)]
     assert [r for r in late if not is_marker(r)] == [("a", 20)]
     assert Watermark(MAX_WATERMARK) in late  # the side output carries event time too
@@ -183,7 +184,7 @@ def test_an_idle_input_makes_the_subtask_idle_once_its_timers_fired():
     coord = InMemoryCoordinator()
     st = build("timers", timers_pipeline(), coord)
     records = [(f"k{i}", i) for i in range(300)]
-    st.gate.channels[0].items.append((net_input.BUFFER, encode_records(records + [Watermark(100), IDLE])))
+    st.gate.channels[0].items.append(Buffer(encode_records(records + [Watermark(100), IDLE])))
     st._take_input()
     st._process_current()
     assert st.event_time.busy() and not st.watermark_idle
@@ -200,7 +201,7 @@ def test_a_pipeline_without_event_time_sends_no_markers_and_checkpoints_no_event
     p.source(SequenceSource(count=1), id="src").rebalance().map(str, id="m").sink(CollectSink(), id="out")
     coord = InMemoryCoordinator()
     st = build("m", p, coord)
-    st.gate.channels[0].items.extend([(net_input.BUFFER, encode_records(range(10))), (net_input.END,)])
+    st.gate.channels[0].items.extend([Buffer(encode_records(range(10))), END])
     while st._step():
         pass
     assert st.event_time.snapshot() is None and st.watermark is None and st.output_watermark is None
@@ -252,7 +253,7 @@ def test_processing_time_timers_fire_from_the_loop_and_deleted_timers_never():
     )
     st = build("timers", p, InMemoryCoordinator())
     records = [(f"k{i}", i) for i in range(10)]
-    st.gate.channels[0].items.append((net_input.BUFFER, encode_records(records + [Watermark(100)])))
+    st.gate.channels[0].items.append(Buffer(encode_records(records + [Watermark(100)])))
     st._take_input()
     st._process_current()
     st._on_timers()

@@ -25,7 +25,7 @@ from spark_plugin.network.config import NetworkConfig
 from spark_plugin.network.elements import is_marker
 from spark_plugin.task.channel_state import ChannelStateReader
 from spark_plugin.testing.threads import ThreadedRun
-from tests.spark_plugin.fakes import InMemoryCoordinator
+from tests.spark_plugin.fakes import InMemoryCoordinator, sample_until
 from tests.spark_plugin.test_rescale_threads import rescale_plan
 from tests.spark_plugin.test_restore_threads import plan_from_acks
 from tests.spark_plugin.test_subtask_threads import wait_for
@@ -184,6 +184,41 @@ def test_an_idle_source_partition_does_not_hold_windows_back():
     assert fired() == want
 
 
+def slow_count(n, r):
+    time.sleep(0.0005)  # the window stage is slow: the source spends most of its time unpolled (backpressure)
+    return n + 1
+
+
+def test_under_backpressure_a_silent_partition_still_goes_idle_and_windows_fire():
+    """One source subtask reads partitions 0 and 1; partition 1 never sends. The windows are slow, so the source's
+    output is full most of the time and it is rarely polled for long stretches: the silent partition's idle clock
+    runs only while the source is read, and must still get there, or no window fires while the source runs."""
+    src = EventSequenceSource(count=None, partitions=2, keys=10, interval_ms=1, disorder_ms=20, idle=[1])
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(20, ts).with_interval(50).with_idleness(300)
+    p = Pipeline("idle-backpressure", parallelism=1)
+    (
+        p.source(src, id="src", watermarks=strategy)
+        .key_by(key)
+        .window(TumblingEventTimeWindows.of(500))
+        .aggregate(lambda: 0, slow_count, id="win")
+        .sink(CollectSink(), id="out")
+    )
+    coord = InMemoryCoordinator()
+    # whole 32 KiB buffers (about a thousand records) take the windows a while each: credits come back in bursts,
+    # and between them the source is not polled for many watermark intervals in a row
+    run = ThreadedRun(p, coord.reporter, coord.events, NetworkConfig()).start()
+    sink = run.subtask("win", 0).chain.operators[-1].sink
+    source = run.subtask("src", 0)
+    # the source never ends: a window can only fire because partition 1 went idle
+    wait_for(lambda: len(sink.records) > 0, "a window to fire while partition 1 sends nothing", 60)
+    coord.publish(JobStatusChanged(status="CANCELLED"))
+    run.join(60)
+    assert source.live.blocked_s > 0, "the source never waited for room in its output: no backpressure"
+    k, start, end, count = sorted(sink.records)[0]
+    records = [src.record(0, n) for n in range(end + 100)]
+    assert count == sum(1 for r in records if r[0] == k and start <= r[1] < end)  # complete: none was late
+
+
 def test_without_idleness_a_silent_partition_holds_the_watermark_back():
     p, _ = idle_partition_pipeline(idleness=False)
     coord = InMemoryCoordinator()
@@ -208,7 +243,10 @@ def test_a_restore_from_an_unaligned_checkpoint_judges_every_record_as_the_run_w
     firings = Counter((k, s) for k, s, _, _ in ref_out)
     assert any(n > 1 for n in firings.values()), "the input has records late within the allowed lateness"
 
-    coord, _ = checkpoint_mid_stream(windowed_pipeline(count, late=True), subtasks=7)
+    coord = checkpoint_holding(
+        lambda: windowed_pipeline(count, late=True), 7,
+        lambda c: any(is_marker(e) for records in in_flight(c, "win").values() for e in records),
+        "watermark in flight")
     flight = in_flight(coord, "win")
     assert any(is_marker(e) for records in flight.values() for e in records), "no watermark was in flight"
     for (v, _), ack in coord.acks[1].items():
@@ -234,10 +272,9 @@ def forget_event_time(blob: bytes) -> bytes:
     return pickle.dumps(data)
 
 
-def test_a_restore_that_forgot_the_watermarks_would_let_late_records_in_flight_fire_their_windows_again():
-    """The control for the test above: it fails when the restore does not bring the watermarks back."""
-    count = 2000  # enough left to be in flight at the checkpoint
-    coord, _ = checkpoint_mid_stream(windowed_pipeline(count, late=True), subtasks=7)
+def late_beyond_lateness_ahead_of_the_first_watermark(coord: InMemoryCoordinator) -> list:
+    """The records in flight to the windows, ahead of their channel's first watermark, whose window (with its
+    lateness) the stored watermark has already closed: a restore that forgot that watermark would take them in."""
     stored = {}
     for (v, i), ack in coord.acks[1].items():
         if v == "win":
@@ -248,8 +285,27 @@ def test_a_restore_that_forgot_the_watermarks_would_let_late_records_in_flight_f
             if is_marker(e):
                 break
             before_first_watermark.append((e, stored[i]))
-    beyond = [r for r, wm in before_first_watermark if r[1] - r[1] % WINDOW + WINDOW - 1 + LATENESS <= wm]
-    assert beyond, "no record beyond the lateness was in flight ahead of the first watermark; take more in flight"
+    return [r for r, wm in before_first_watermark if r[1] - r[1] % WINDOW + WINDOW - 1 + LATENESS <= wm]
+
+
+def checkpoint_holding(p_factory, subtasks: int, holds, what: str, tries: int = 5):
+    """``checkpoint_mid_stream`` until its checkpoint holds what the test needs in flight (``sample_until``)."""
+
+    def why_not(coord):
+        if holds(coord):
+            return None
+        return f"{sum(len(r) for r in in_flight(coord, 'win').values())} elements in flight to the windows"
+
+    return sample_until(lambda: checkpoint_mid_stream(p_factory(), subtasks=subtasks)[0], why_not, what, tries)
+
+
+def test_a_restore_that_forgot_the_watermarks_would_let_late_records_in_flight_fire_their_windows_again():
+    """The control for the test above: it fails when the restore does not bring the watermarks back."""
+    count = 2000  # enough left to be in flight at the checkpoint
+    coord = checkpoint_holding(lambda: windowed_pipeline(count, late=True), 7,
+                               late_beyond_lateness_ahead_of_the_first_watermark,
+                               "record beyond the lateness in flight ahead of the first watermark")
+    beyond = late_beyond_lateness_ahead_of_the_first_watermark(coord)
 
     _, exact = run_to_end(windowed_pipeline(count, late=True), restore=plan_from_acks(coord.acks[1]),
                           fetch=fetcher(coord), restore_checkpoint=1)
@@ -265,7 +321,8 @@ def test_a_rescaled_restore_of_window_state_and_timers_fires_every_window_once_w
     count = 2000  # enough left to be in flight at the checkpoint
     src = events(count, late=False)
     want = expected_windows(src)
-    coord, _ = checkpoint_mid_stream(windowed_pipeline(count, late=False, source_parallelism=2), subtasks=4)
+    coord = checkpoint_holding(lambda: windowed_pipeline(count, late=False, source_parallelism=2), 4,
+                               lambda c: any(in_flight(c, "win").values()), "record in flight to the windows")
     old = plan_from_acks(coord.acks[1])
     pending = sum(
         len(t)

@@ -49,3 +49,66 @@ def test_counting_records_refuses_a_buffer_that_does_not_end_on_a_frame_boundary
         count_records(data[:-5])  # the last record cut short
     with pytest.raises(ValueError, match=f"whole frames end at {len(data)}"):
         count_records(data + b"\x01\x00")  # two bytes that cannot be a length
+
+
+def test_batches_travel_as_arrow_ipc_streams_that_pyarrow_reads_without_overtake():
+    import pyarrow as pa
+
+    from spark_plugin.api.batches import SubtaskBatch
+
+    batch = pa.record_batch({"k": [3, 1, 3], "v": ["a", "b", "c"]})
+    keyed = SubtaskBatch(3, "k", batch.slice(0, 2))
+    data = encode_records([batch, keyed, ("record", 1)])
+    reader = BufferReader(data)
+    raw = []
+    while reader.has_next():
+        start = reader.pos + 4
+        reader.next()
+        raw.append(bytes(data[start : reader.pos]))
+    # each batch's bytes are one Arrow IPC stream: pyarrow's own reader opens them, no unpickling
+    assert pa.ipc.open_stream(raw[0]).read_all().to_pylist() == batch.to_pylist()
+    sliced = pa.ipc.open_stream(raw[1]).read_all()
+    assert sliced.to_pylist() == [{"k": 3, "v": "a"}, {"k": 1, "v": "b"}]
+    assert sliced.schema.metadata == {b"overtake.key_column": b"k"}
+    assert raw[2][:1] == b"\x80"  # records stay pickles
+    out = decode_records(data)
+    assert out[0].equals(batch) and out[2] == ("record", 1)
+    assert type(out[1]) is SubtaskBatch and out[1].key == 3 and out[1].column == "k"
+    assert out[1].batch.equals(keyed.batch)  # the key column's note is not left in the batch's schema
+
+
+def test_batches_pickled_by_an_older_version_still_decode():
+    import pickle
+
+    import pyarrow as pa
+
+    from contract.channel_state import frame
+    from spark_plugin.api.batches import KeyedBatch, SubtaskBatch
+
+    batch = pa.record_batch({"k": [1, 2]})
+    older = frame([pickle.dumps(r, protocol=5) for r in (batch, SubtaskBatch(1, "k", batch), KeyedBatch(1, 7, batch))])
+    a, b, c = decode_records(older)
+    assert a.equals(batch) and (b.key, b.column) == (1, "k") and b.batch.equals(batch)
+    assert type(c) is KeyedBatch and c.group == 7
+
+
+def test_a_keyed_batch_whose_key_is_not_its_first_rows_keeps_its_key():
+    import pyarrow as pa
+
+    from spark_plugin.api.batches import SubtaskBatch
+
+    batch = pa.record_batch({"k": [1, 2]})
+    for record in (SubtaskBatch(2, "k", batch), SubtaskBatch(1.0, "k", batch), SubtaskBatch(None, "k", batch.slice(0, 0))):
+        (out,) = decode_records(encode_records([record]))
+        assert (type(out.key), out.key, out.column) == (type(record.key), record.key, "k")
+
+
+def test_the_record_path_never_imports_pyarrow():
+    import subprocess
+    import sys
+
+    code = ("import sys; from spark_plugin.network.framing import decode_records, encode_records; "
+            "assert decode_records(encode_records([1, ('a', 2.0), {'x': None}])) == [1, ('a', 2.0), {'x': None}]; "
+            "print('pyarrow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

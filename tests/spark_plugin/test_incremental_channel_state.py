@@ -180,8 +180,8 @@ class _RefusingReporter:
 
 def test_refused_references_and_uploads_through_the_coordinator_write_every_buffer_again(tmp_path):
     from contract.models import WriteTarget
+    from spark_plugin.task.ack_worker import AckWorker, CheckpointUpload
     from spark_plugin.task.checkpoints import _whole
-    from spark_plugin.task.coordination import AckWorker, CheckpointUpload
     from spark_plugin.task.state_store import StateTargets, StateWriter
 
     w = ChannelStateWriter()

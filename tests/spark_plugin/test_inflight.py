@@ -264,13 +264,13 @@ def test_senders_cut_buffers_at_the_announced_size():
         ch.on_buffer_size(300)  # what the credit thread does on a BUFFER_SIZE message
     for _ in range(60):
         writer.emit(record)
-    sizes = [len(item[1]) for item in ch.queue]
+    sizes = [len(item.data) for item in ch.queue]
     assert sizes and all(300 <= s < 300 + one for s in sizes)
     with mb.lock:
         ch.on_buffer_size(1 << 20)  # never above the configured size
     for _ in range(200):
         writer.emit(record)
-    assert max(len(item[1]) for item in ch.queue) < 4096 + one
+    assert max(len(item.data) for item in ch.queue) < 4096 + one
 
 
 def test_a_slow_consumer_announces_smaller_buffers_and_its_senders_cut_them():

@@ -4,7 +4,8 @@ aligned (its barriers stop overtaking where they are) or declines it, and the cu
 from __future__ import annotations
 
 from spark_plugin.network.barrier import CheckpointBarrier
-from spark_plugin.network.input import BARRIER, BUFFER, InputGate
+from spark_plugin.network.channel_items import Barrier, Buffer
+from spark_plugin.network.input import InputGate
 from spark_plugin.network.mailbox import Mailbox
 from spark_plugin.plan.topology import ChannelInfo
 from spark_plugin.testing.threads import ThreadedRun
@@ -29,10 +30,10 @@ def _barrier(cid: int = 1, **kw) -> CheckpointBarrier:
 def test_the_bytes_in_flight_are_those_queued_ahead_of_the_checkpoints_barrier():
     gate = _gate()
     ch0, ch1 = gate.channels
-    ch0.items.extend([(BUFFER, b"x" * 10), (BUFFER, b"y" * 20)])
+    ch0.items.extend([Buffer(b"x" * 10), Buffer(b"y" * 20)])
     gate._queue_priority(ch0, _barrier())
-    ch0.items.append((BUFFER, b"z" * 40))  # after the barrier: not in flight for checkpoint 1
-    ch1.items.extend([(BUFFER, b"w" * 7)])
+    ch0.items.append(Buffer(b"z" * 40))  # after the barrier: not in flight for checkpoint 1
+    ch1.items.extend([Buffer(b"w" * 7)])
     assert gate.inflight_bytes({0, 1}, 1) == 37
     assert gate.inflight_bytes({1}, 1) == 7
 
@@ -40,35 +41,35 @@ def test_the_bytes_in_flight_are_those_queued_ahead_of_the_checkpoints_barrier()
 def test_holding_a_checkpoint_puts_its_priority_barrier_back_at_its_arrival_position():
     gate = _gate()
     ch0 = gate.channels[0]
-    ch0.items.append((BUFFER, b"a"))
+    ch0.items.append(Buffer(b"a"))
     barrier = _barrier()
     gate._queue_priority(ch0, barrier)
-    ch0.items.append((BUFFER, b"b"))
+    ch0.items.append(Buffer(b"b"))
     gate.hold(1)
     assert gate.next_priority() is None
     gate.priority_done(0, barrier)  # the loop finishing the announcement it was handling changes nothing
-    kinds = [(item[0], getattr(item[1], "unaligned", item[1])) for item in ch0.items]
-    assert kinds == [(BUFFER, b"a"), (BARRIER, False), (BUFFER, b"b")]
-    assert gate.poll()[1] == (BUFFER, b"a")  # the overtaken buffer is processed first
-    assert gate.poll()[1][0] == BARRIER
+    kinds = [(type(item), getattr(item[0], "unaligned", item[0])) for item in ch0.items]
+    assert kinds == [(Buffer, b"a"), (Barrier, False), (Buffer, b"b")]
+    assert gate.poll()[1] == Buffer(b"a")  # the overtaken buffer is processed first
+    assert type(gate.poll()[1]) is Barrier
 
 
 def test_a_priority_barrier_of_a_held_checkpoint_arriving_later_queues_in_band():
     gate = _gate()
     gate.hold(1)
     ch1 = gate.channels[1]
-    ch1.items.append((BUFFER, b"a"))
+    ch1.items.append(Buffer(b"a"))
     gate._queue_priority(ch1, _barrier())
     gate._queue_priority(ch1, _barrier(2))
     assert gate.next_priority()[1].checkpoint_id == 2  # a newer checkpoint is not held
-    assert [item[0] for item in ch1.items][:2] == [BUFFER, BARRIER]
+    assert [type(item) for item in ch1.items][:2] == [Buffer, Barrier]
 
 
 def test_an_aligned_barrier_of_a_held_checkpoint_never_turns_priority_at_its_deadline():
     gate = _gate()
     gate.hold(1)
     barrier = CheckpointBarrier(1, 1_000, "aligned_then_unaligned", alignment_timeout=5, inflight_budget=100)
-    gate.channels[0].items.extend([(BUFFER, b"a"), (BARRIER, barrier)])
+    gate.channels[0].items.extend([Buffer(b"a"), Barrier(barrier)])
     assert gate.convert_due(10_000) == 0
     assert gate.next_priority() is None
 
@@ -115,6 +116,8 @@ def test_under_backpressure_subtasks_over_a_small_budget_persist_nothing_and_the
         for (vertex, index), ack in coord.acks[cid].items():
             entry = _entry(logs, vertex, index, cid)
             assert entry["inflight_budget"] == 1
+            # the ack says so: the coordinator counts the subtasks that fell back to aligned over the budget
+            assert ack["metrics"]["aligned_over_budget"] is (entry["over_budget"] is not None)
             if entry["over_budget"] is not None:
                 fell_back += 1
                 assert entry["over_budget"] > 1

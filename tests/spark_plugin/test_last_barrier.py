@@ -4,10 +4,12 @@ on in band; so a subtask persists the inputs its barriers overtook and none of i
 from __future__ import annotations
 
 from spark_plugin.network.barrier import CheckpointBarrier
-from spark_plugin.network.input import BUFFER, HELD, InputGate
+from spark_plugin.network.channel_items import Buffer, HeldBarrier
+from spark_plugin.network.input import InputGate
 from spark_plugin.network.mailbox import Mailbox
 from spark_plugin.plan.topology import ChannelInfo
-from spark_plugin.task.barriers import BarrierHandler, CollectingLastBarrier, WaitingForFirstBarrier
+from spark_plugin.task.barrier_states import CollectingLastBarrier, WaitingForFirstBarrier
+from spark_plugin.task.barriers import BarrierHandler
 from tests.spark_plugin.fakes import RecordingActions
 
 POLICY = "unaligned_last_barrier"
@@ -164,14 +166,14 @@ def _gate() -> InputGate:
 def test_blocking_at_a_priority_barrier_keeps_the_overtaken_buffers_queued_and_findable():
     gate = _gate()
     ch0 = gate.channels[0]
-    ch0.items.append((BUFFER, b"a"))
+    ch0.items.append(Buffer(b"a"))
     barrier = priority(1)
     gate._queue_priority(ch0, barrier)
-    ch0.items.append((BUFFER, b"after"))
+    ch0.items.append(Buffer(b"after"))
     gate.block_at_priority(0, 1)
     gate.priority_done(0, barrier)  # the loop finishing the announcement: the held marker stays
     assert gate.next_priority() is None
-    assert [item[0] for item in ch0.items] == [BUFFER, HELD, BUFFER]
+    assert [type(item) for item in ch0.items] == [Buffer, HeldBarrier, Buffer]
     assert gate.poll() is None  # blocked: not even the overtaken buffer is processed before the snapshot
     assert ch0.buffers_before(1) == [b"a"]
 
@@ -179,11 +181,11 @@ def test_blocking_at_a_priority_barrier_keeps_the_overtaken_buffers_queued_and_f
 def test_once_unblocked_the_overtaken_buffers_come_first_and_the_held_marker_is_dropped():
     gate = _gate()
     ch0 = gate.channels[0]
-    ch0.items.append((BUFFER, b"a"))
+    ch0.items.append(Buffer(b"a"))
     gate._queue_priority(ch0, priority(1))
-    ch0.items.append((BUFFER, b"after"))
+    ch0.items.append(Buffer(b"after"))
     gate.block_at_priority(0, 1)
     gate.unblock_all()
-    assert gate.poll()[1] == (BUFFER, b"a")
-    assert gate.poll()[1] == (BUFFER, b"after")
+    assert gate.poll()[1] == Buffer(b"a")
+    assert gate.poll()[1] == Buffer(b"after")
     assert not ch0.items

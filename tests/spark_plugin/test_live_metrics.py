@@ -10,15 +10,19 @@ import time
 import pytest
 
 from client.sync import OvertakeClient
+from contract.models import SubtaskMetrics
 from spark_plugin import Pipeline
 from spark_plugin.api.watermarks import MAX_WATERMARK, WatermarkStrategy
 from spark_plugin.api.windows import TumblingEventTimeWindows
 from spark_plugin.connectors import CollectSink, DiscardSink, SequenceSource
+from spark_plugin.connectors.base import PartitionedSource, Source, SplitReader
 from spark_plugin.connectors.event_sequence import EventSequenceSource
+from spark_plugin.connectors.split_reading import POSITION_CHARS, short_position
 from spark_plugin.network.config import NetworkConfig
-from spark_plugin.task.metrics import LiveMetrics, watermark_sample
+from spark_plugin.task.metrics import MAX_SPLITS, LiveMetrics, watermark_sample
 from spark_plugin.testing.threads import ThreadedRun
 from tests.spark_plugin.fakes import InMemoryCoordinator
+from tests.spark_plugin.test_partitioned_source import Orders
 
 
 class Clock:
@@ -56,6 +60,23 @@ def test_a_sample_is_taken_once_an_interval_passed_with_the_rates_of_that_window
     assert sample["records_in_per_second"] == 200.0 and sample["bytes_in_per_second"] == 2000.0
     assert sample["bytes_out_per_second"] == 1000.0 and sample["backpressure"] == 0.25
     assert sample["records_in"] == 400 and sample["timestamp"] > 0
+
+
+def test_a_forced_sample_goes_out_before_the_interval_with_the_recovery_as_it_is_then():
+    clock = Clock()
+    sent, got, send = collecting()
+    live = LiveMetrics(send, interval=1.0, clock=clock)
+    recovery = {"replayed_bytes": 0, "replay_finished_at": None}
+    live.recovery = lambda: dict(recovery)
+    clock.t += 0.1
+    live.tick(1, 0, 0)  # within the interval: nothing
+    recovery.update(replayed_bytes=300, replay_finished_at=1234)
+    live.tick(2, 0, 0, force=True)
+    assert got.acquire(timeout=10)
+    live.close()
+    (sample,) = sent
+    assert sample["recovery"] == {"replayed_bytes": 300, "replay_finished_at": 1234}
+    assert sample["records_in"] == 2
 
 
 def test_a_sample_carries_the_watermark_and_its_lag_at_the_time_it_was_taken():
@@ -169,6 +190,10 @@ def test_a_backpressured_pipelines_subtasks_report_records_per_second_and_backpr
     assert src.records_in_per_second > 0 and slow_vertex.records_in_per_second > 0
     assert src.backpressure_max > 0.2  # the source spends much of its time waiting for the slow stage
     assert slow_vertex.backpressure_max < src.backpressure_max
+    # the source subtasks report the splits they read, each with its position; the keyed stage has no splits
+    for s in src.subtasks:
+        assert s.metrics.splits and all(split.position is not None for split in s.metrics.splits), s.metrics
+    assert all(s.metrics.splits is None for s in slow_vertex.subtasks)
 
 
 def idle_partition_events() -> Pipeline:
@@ -242,3 +267,126 @@ def test_an_event_time_pipelines_subtasks_report_watermarks_that_advance_past_an
     # the sources' watermarks advanced too (each subtask's own: the vertex's low watermark can step back when a
     # subtask reports its first watermark after the others)
     assert sources_advanced(src), (src_first, src)
+
+
+def test_rates_under_bursts_are_averaged_over_the_smoothing_window_which_the_sample_names():
+    """Under backpressure records move in bursts as credit arrives: one second's count swings between nothing and
+    a burst. A sample covers the last `smoothing` seconds, and its window_ms says so."""
+    clock = Clock()
+    sent, got, send = collecting()
+    live = LiveMetrics(send, interval=1.0, clock=clock, smoothing=5.0)
+    for records in (0, 1000, 1000, 2000, 2000, 3000):  # a burst every other second
+        clock.t += 1.0
+        live.tick(records_in=records, bytes_in=0, bytes_out=0)
+        assert got.acquire(timeout=10)
+    live.close()
+    last = sent[-1]
+    assert last["window_ms"] == 5000
+    assert last["records_in_per_second"] == 600.0  # 3000 records over the last 5 s, not the last second's 1000
+
+
+# --------------------------------------------------------------------------- a source's splits
+
+
+class Backlog(PartitionedSource):
+    """Splits ``log-0`` ... of ``per_split`` records; each reader knows its end, so its lag."""
+
+    def __init__(self, splits: int, per_split: int = 10) -> None:
+        self.splits, self.per_split = splits, per_split
+
+    def list_splits(self) -> list[str]:
+        return [f"log-{i}" for i in range(self.splits)]
+
+    def build_split_reader(self, split: str, position):
+        return BacklogReader(position or 0, self.per_split)
+
+
+class BacklogReader(SplitReader):
+    def __init__(self, n: int, end: int) -> None:
+        self.n, self.end = n, end
+
+    def poll(self, max_records):
+        if self.n >= self.end:
+            return None
+        m = min(max_records, self.end - self.n)
+        self.n += m
+        return list(range(m))
+
+    def position(self):
+        return self.n
+
+    def lag(self):
+        return self.end - self.n
+
+
+def test_a_source_subtasks_sample_carries_its_splits_positions_and_lag():
+    src = Backlog(splits=3)
+    src.open(0, 1)
+    src.poll(4)  # log-0 at 4 of 10
+    clock = Clock()
+    sent, got, send = collecting()
+    live = LiveMetrics(send, interval=1.0, clock=clock, splits=src.split_metrics)
+    clock.t += 1
+    live.tick(4, 0, 0)
+    assert got.acquire(timeout=10)
+    live.close()
+    (sample,) = sent
+    assert sample["splits"] == [
+        {"split": "log-0", "position": "4", "lag": 6},
+        {"split": "log-1", "position": None, "lag": None},  # not read yet: neither is known
+        {"split": "log-2", "position": None, "lag": None},
+    ]
+    assert sample["splits_more"] == 0
+
+
+def test_an_ended_split_has_no_lag_left_and_a_reader_that_does_not_know_says_none():
+    src = Backlog(splits=1, per_split=3)
+    src.open(0, 1)
+    src.poll(3)
+    assert src.poll(3) is None
+    assert src.split_metrics(100)["splits"] == [{"split": "log-0", "position": "3", "lag": 0}]
+
+    orders = Orders(splits=1)
+    orders.open(0, 1)
+    orders.poll(5)
+    assert orders.split_metrics(100)["splits"] == [{"split": "orders-0", "position": "5", "lag": None}]
+
+
+def test_a_sample_lists_at_most_max_splits_and_counts_the_rest():
+    src = Backlog(splits=MAX_SPLITS + 30)
+    src.open(0, 1)
+    metrics = src.split_metrics(MAX_SPLITS)
+    assert len(metrics["splits"]) == MAX_SPLITS and metrics["splits_more"] == 30
+    assert SubtaskMetrics.model_validate(metrics).splits_more == 30  # what the coordinator takes
+
+
+def test_a_long_position_is_cut_short_for_the_live_view():
+    assert short_position({"offset": 7, "skip_before": 1_700_000_000_000}) == "{'offset': 7, 'skip_before': 1700000000000}"
+    assert len(short_position("x" * 500)) == POSITION_CHARS and short_position(None) is None
+
+
+def test_only_a_partitioned_source_reports_splits():
+    seq = SequenceSource(keys=1)
+    seq.open(0, 1)
+    assert seq.split_metrics(MAX_SPLITS)["splits"]
+    assert Source().split_metrics(MAX_SPLITS) == {}
+
+
+def test_a_reader_whose_lag_fails_costs_the_sample_its_splits_not_the_subtask():
+    class Broken(BacklogReader):
+        def lag(self):
+            raise RuntimeError("no figure")
+
+    src = Backlog(splits=1)
+    src.build_split_reader = lambda split, position: Broken(position or 0, 10)
+    src.open(0, 1)
+    src.poll(4)
+    clock = Clock()
+    sent, got, send = collecting()
+    live = LiveMetrics(send, interval=1.0, clock=clock, splits=src.split_metrics)
+    clock.t += 1
+    live.tick(4, 0, 0)
+    assert got.acquire(timeout=10)
+    live.close()
+    (sample,) = sent
+    assert sample["records_in"] == 4 and "splits" not in sample

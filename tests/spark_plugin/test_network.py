@@ -6,9 +6,9 @@ import socket
 import threading
 import time
 
-from spark_plugin.network import input as net_input
 from spark_plugin.network import wire
 from spark_plugin.network.barrier import CheckpointBarrier
+from spark_plugin.network.channel_items import Barrier, Buffer, End
 from spark_plugin.network.framing import encode_records
 from spark_plugin.network.input import InputGate
 from spark_plugin.network.mailbox import Mailbox
@@ -83,7 +83,7 @@ def test_priority_barrier_needs_no_credit_and_overtakes_queued_buffers():
     barrier = CheckpointBarrier(7, 0, "unaligned", unaligned=True)
     with mb_out.lock:
         overtaken = outs[0].add_priority_barrier(barrier)
-    assert [d for d, _ in overtaken] == [encode_records([i]) for i in (1, 2, 3)]
+    assert [b.data for b in overtaken] == [encode_records([i]) for i in (1, 2, 3)]
     outs[0].send_priority()  # the calling thread writes it: the sender thread waits for credit meanwhile
     _wait_until(lambda: len(gate.priority) == 1, mb_in, "priority barrier")
     with mb_in.lock:
@@ -91,7 +91,7 @@ def test_priority_barrier_needs_no_credit_and_overtakes_queued_buffers():
         assert (index, got.checkpoint_id) == (0, 7)
         assert ch.buffers_before(7) == [encode_records([0])]  # it overtook the received, unprocessed buffer too
         gate.priority_done(index, got)
-        assert [item[0] for item in ch.items] == [net_input.BUFFER] and not gate.priority
+        assert [type(item) for item in ch.items] == [Buffer] and not gate.priority
     _wait_until(lambda: sent == [7], mb_out, "the sender to report the barrier sent")
 
 
@@ -142,7 +142,7 @@ def test_a_barrier_sent_from_the_loop_keeps_the_wire_in_queue_order():
             time.sleep(0.0002 * (round_ % 4))  # the sender thread is somewhere in taking and writing a buffer
             if i == 40:
                 with mb.lock:
-                    overtaken = [d for d, _ in out.add_priority_barrier(
+                    overtaken = [b.data for b in out.add_priority_barrier(
                         CheckpointBarrier(round_ + 1, 0, "unaligned", unaligned=True))]
                 out.send_priority()
         with mb.lock:
@@ -183,7 +183,7 @@ def test_a_buffer_taken_off_the_queue_goes_out_before_a_barrier_the_loop_sends()
     wire.send(b, wire.CREDIT, 1)
     assert popped.wait(5), "the sender thread did not take the first buffer"
     with mb.lock:
-        overtaken = [d for d, _ in out.add_priority_barrier(CheckpointBarrier(4, 0, "unaligned", unaligned=True))]
+        overtaken = [b.data for b in out.add_priority_barrier(CheckpointBarrier(4, 0, "unaligned", unaligned=True))]
     assert overtaken == [encode_records([1]), encode_records([2])]
     out.send_priority()
     go.set()
@@ -210,7 +210,7 @@ def test_aligned_barrier_waits_behind_queued_buffers():
         gate.release(0)
     _wait_until(lambda: len(ch.items) == 2, mb_in, "buffer and barrier")
     with mb_in.lock:
-        assert [item[0] for item in ch.items] == [net_input.BUFFER, net_input.BARRIER]
+        assert [type(item) for item in ch.items] == [Buffer, Barrier]
     _wait_until(lambda: sent == [3], mb_out, "the sender to report the barrier sent")
 
 
@@ -224,7 +224,7 @@ def test_stuck_aligned_barrier_is_converted_to_a_priority_barrier():
     with mb_out.lock:
         overtaken = outs[0].convert_barrier(5)
         assert outs[0].convert_barrier(5) is None
-    assert [d for d, _ in overtaken] == [encode_records([1]), encode_records([2])]
+    assert [b.data for b in overtaken] == [encode_records([1]), encode_records([2])]
     outs[0].send_priority()
     _wait_until(lambda: len(gate.priority) == 1, mb_in, "converted barrier")
     with mb_in.lock:
@@ -257,7 +257,7 @@ def test_end_of_partition_is_queued_after_the_data():
     ch = gate.channels[0]
     _wait_until(lambda: len(ch.items) == 2, mb_in, "buffer and end")
     with mb_in.lock:
-        assert [item[0] for item in ch.items] == [net_input.BUFFER, net_input.END]
+        assert [type(item) for item in ch.items] == [Buffer, End]
     assert gate.failed() is None
 
 

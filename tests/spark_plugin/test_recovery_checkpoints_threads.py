@@ -20,8 +20,8 @@ from tests.spark_plugin.test_rescale_threads import rescale_plan
 from tests.spark_plugin.test_restore_threads import plan_from_acks
 from tests.spark_plugin.test_subtask_threads import wait_for
 
-SMALL = NetworkConfig(buffer_size=512)
-DURING_RECOVERY = NetworkConfig(buffer_size=512, checkpoints_during_recovery=True)
+SMALL = NetworkConfig(buffer_size=512, checkpoints_during_recovery=False)
+DURING_RECOVERY = NetworkConfig(buffer_size=512)  # checkpoints during recovery: the default
 COUNT = 6000
 
 RELEASE = threading.Event()

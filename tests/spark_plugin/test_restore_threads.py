@@ -6,6 +6,10 @@ restored from that checkpoint must deliver every record exactly once, in per-key
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from contract.events import JobStatusChanged
 from spark_plugin.network.config import NetworkConfig
 from spark_plugin.testing.threads import ThreadedRun
@@ -22,7 +26,7 @@ def plan_from_acks(acks: dict) -> dict:
         blob = (ack.get("channel_state") or {}).get("blob_id")
         segs = [{**s, "blob_id": blob, "from_subtask": index} for s in ack["channel_segments"]]
         plan[(vertex, index)] = {
-            "operator_state": [{"blob_id": ack["operator_state"]["blob_id"], "from_subtask": index}]
+            "operator_state": [{**ack["operator_state"], "from_subtask": index}]
             if ack.get("operator_state")
             else [],
             "source_offsets": ack.get("source_offsets"),
@@ -32,10 +36,13 @@ def plan_from_acks(acks: dict) -> dict:
     return plan
 
 
-def test_restore_from_an_unaligned_checkpoint_delivers_every_record_exactly_once_in_order():
+@pytest.mark.parametrize("compression", [None, "lz4", "zstd"])
+def test_restore_from_an_unaligned_checkpoint_delivers_every_record_exactly_once_in_order(compression):
+    """Also with the channel state compressed: the restore inflates each segment by the codec it names."""
     count = 6000
+    network = dataclasses.replace(SMALL, channel_state_compression=compression)
     coord = InMemoryCoordinator()
-    first = ThreadedRun(backpressured(count), coord.reporter, coord.events, SMALL).start()
+    first = ThreadedRun(backpressured(count), coord.reporter, coord.events, network).start()
     wait_for(lambda: first.subtask("slow", 0).records_in > 600, "records to flow")
     coord.trigger(1, "unaligned")
     wait_for(lambda: len(coord.acks.get(1, {})) == 4, "checkpoint 1")
@@ -44,6 +51,8 @@ def test_restore_from_an_unaligned_checkpoint_delivers_every_record_exactly_once
 
     plan = plan_from_acks(coord.acks[1])
     assert any(p["input_channel_state"] or p["output_channel_state"] for p in plan.values())
+    segments = [s for ack in coord.acks[1].values() for s in ack["channel_segments"]]
+    assert {s.get("codec") for s in segments} == {compression}
 
     def fetch(blob_id, start, end):
         data = coord.blobs[blob_id]
@@ -51,7 +60,7 @@ def test_restore_from_an_unaligned_checkpoint_delivers_every_record_exactly_once
 
     second_coord = InMemoryCoordinator()
     second = ThreadedRun(
-        backpressured(count), second_coord.reporter, second_coord.events, SMALL,
+        backpressured(count), second_coord.reporter, second_coord.events, network,
         restore=plan, fetch=fetch, restore_checkpoint=1,
     ).start()
     results = second.join(120)

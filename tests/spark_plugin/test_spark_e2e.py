@@ -107,6 +107,8 @@ def test_unaligned_checkpoints_persist_the_in_flight_buffers_exactly(spark, coor
     # every task runs on this one host, so every ack went through the lowest task's relay
     acked = sum(len(r.acked) for r in result.subtasks)
     assert acked > 0 and sum(r.acks_relayed for r in result.subtasks) == acked
+    # and so did their live metrics samples (one a second per subtask, over a run of several checkpoints)
+    assert sum(r.metrics_relayed for r in result.subtasks) > 0
 
 
 def test_aligned_checkpoints_persist_no_channel_state(spark, coordinator):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from contract.models import BlobLocation, WriteTarget, WrittenState
-from spark_plugin.task.coordination import AckWorker, CheckpointUpload
+from spark_plugin.task.ack_worker import AckWorker, CheckpointUpload
 from spark_plugin.task.state_store import BlobReader, CorruptBlobError, StateTargets, StateWriter
 
 

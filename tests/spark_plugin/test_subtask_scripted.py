@@ -7,10 +7,11 @@ import pickle
 from contract.events import CheckpointCompleted
 from spark_plugin import Pipeline
 from spark_plugin.connectors import CollectSink, SequenceSource
-from spark_plugin.network import input as net_input
 from spark_plugin.network.barrier import CheckpointBarrier
+from spark_plugin.network.channel_items import END, Barrier, Buffer, PriorityBarrier
 from spark_plugin.network.config import NetworkConfig
 from spark_plugin.network.framing import encode_records
+from spark_plugin.network.output_items import OutBarrier, OutPriorityBarrier
 from spark_plugin.plan.topology import subtask_specs
 from spark_plugin.task.channel_state import ChannelStateReader
 from spark_plugin.task.life import build_subtask
@@ -45,10 +46,10 @@ def test_priority_barrier_is_taken_between_records_and_the_unread_rest_of_the_bu
     st = build("m", sink_pipeline(), coord)
     ch = st.gate.channels[0]
     first, second = encode_records(range(10)), encode_records(range(10, 15))
-    ch.items.extend([(net_input.BUFFER, first), (net_input.BUFFER, second)])
+    ch.items.extend([Buffer(first), Buffer(second)])
 
     def arrive():
-        ch.items.append((net_input.PRIORITY, BARRIER))
+        ch.items.append(PriorityBarrier(BARRIER))
         st.gate.priority.append((0, BARRIER))
 
     INJECT.append(arrive)
@@ -78,7 +79,7 @@ def test_a_checkpoint_that_becomes_ready_mid_buffer_is_handed_over_before_the_re
     coord = InMemoryCoordinator()
     st = build("m", sink_pipeline(), coord)
     ch = st.gate.channels[0]
-    ch.items.append((net_input.BUFFER, encode_records(range(10))))
+    ch.items.append(Buffer(encode_records(range(10))))
     states = st.checkpoints.writer
     states.start(7)
     states.finish_input(7)
@@ -101,7 +102,7 @@ def test_priority_barrier_overtakes_queued_output_buffers_and_persists_them_as_o
     st = build("src", p, coord)
     while st.partition.available():
         st._read_source()  # no receiver attached: the buffers stay queued
-    queued = [item[1] for item in st.partition.channels[0].queue]
+    queued = [item.data for item in st.partition.channels[0].queue]
     st.handler.on_trigger(CheckpointBarrier(1, 0, "unaligned"))
     with st.lock:
         st.partition.channels[0].queue.popleft()  # the sender takes the barrier first
@@ -132,15 +133,16 @@ def test_aligned_barrier_in_a_queue_past_the_timeout_is_converted_and_what_it_ov
     st = build("src", p, coord)
     while st.partition.available():
         st._read_source()
-    queued = [item[1] for item in st.partition.channels[0].queue]
+    queued = [item.data for item in st.partition.channels[0].queue]
     now = st.checkpoints.now_ms()
     st.handler.on_trigger(CheckpointBarrier(1, now, "aligned_then_unaligned", alignment_timeout=60_000))
-    assert st.partition.channels[0].queue[-1][0] == "E"  # aligned: at the tail
+    assert type(st.partition.channels[0].queue[-1]) is OutBarrier  # aligned: at the tail
     st._on_timers()
-    assert st.partition.channels[0].queue[-1][0] == "E"  # before the deadline nothing changes
+    assert type(st.partition.channels[0].queue[-1]) is OutBarrier  # before the deadline nothing changes
     st.checkpoints.pending[1].barrier = CheckpointBarrier(1, now - 60_000, "aligned_then_unaligned", alignment_timeout=60_000)
     st._on_timers()
-    assert st.partition.channels[0].queue[0][0] == "P" and st.partition.channels[0].queue[0][1].unaligned
+    head = st.partition.channels[0].queue[0]
+    assert type(head) is OutPriorityBarrier and head.barrier.unaligned
     with st.lock:
         st.partition.channels[0].queue.popleft()
         st.partition._barrier_sent(1)
@@ -176,16 +178,16 @@ def test_a_received_aligned_barrier_still_queued_when_the_timeout_passes_overtak
     now = st.checkpoints.now_ms()
     with st.lock:
         for b in (first, second):
-            ch.items.append((net_input.BUFFER, b))
+            ch.items.append(Buffer(b))
         st.gate._queue_barrier(ch, timeout_barrier(now, timeout=60_000))
-        ch.items.append((net_input.BUFFER, after))
+        ch.items.append(Buffer(after))
     assert st.gate.next_deadline == now + 60_000
     st._on_timers()
-    assert not st.gate.priority and ch.items[2][0] == net_input.BARRIER  # before the deadline: it waits its turn
+    assert not st.gate.priority and type(ch.items[2]) is Barrier  # before the deadline: it waits its turn
     st.gate.next_deadline = now - 1  # the alignment timeout passed (as if 60 s went by)
-    ch.items[2] = (net_input.BARRIER, timeout_barrier(now - 60_000, timeout=60_000))
+    ch.items[2] = Barrier(timeout_barrier(now - 60_000, timeout=60_000))
     st._on_timers()
-    assert ch.items[2][0] == net_input.PRIORITY and st.gate.next_deadline is None
+    assert type(ch.items[2]) is PriorityBarrier and st.gate.next_deadline is None
     st._handle_priority()  # the checkpoint is taken before the two queued buffers are processed
     assert st.records_in == 0
     while st._step():
@@ -204,18 +206,18 @@ def test_an_aligned_barrier_arriving_after_its_timeout_overtakes_at_once_unless_
     ch = st.gate.channels[0]
     late = timeout_barrier(st.checkpoints.now_ms() - 1_000)
     with st.lock:
-        ch.items.append((net_input.BUFFER, encode_records([1, 2])))
+        ch.items.append(Buffer(encode_records([1, 2])))
         ch.blocked = True
         st.gate._queue_barrier(ch, late)
-        assert ch.items[-1][0] == net_input.BARRIER and not st.gate.priority  # blocked: waits for the unblock
+        assert type(ch.items[-1]) is Barrier and not st.gate.priority  # blocked: waits for the unblock
         assert st.gate.convert_due(st.checkpoints.now_ms()) == 0 and st.gate.next_deadline is not None
         ch.blocked = False
         assert st.gate.convert_due(st.checkpoints.now_ms()) == 1
         ch.items.clear()
         st.gate.priority.clear()
-        ch.items.append((net_input.BUFFER, encode_records([1, 2])))
+        ch.items.append(Buffer(encode_records([1, 2])))
         st.gate._queue_barrier(ch, late)
-    assert ch.items[-1][0] == net_input.PRIORITY and st.gate.priority[0][1].unaligned
+    assert type(ch.items[-1]) is PriorityBarrier and st.gate.priority[0][1].unaligned
     st._handle_priority()
     st.checkpoints.hand_over_ready()
     st.ack_worker.close()
@@ -266,9 +268,9 @@ def finished_sink_subtask():
     st = build("m", p, coord)
     ch = st.gate.channels[0]
     ch.items.extend([
-        (net_input.BUFFER, encode_records([1, 2, 3])),
-        (net_input.BARRIER, CheckpointBarrier(1, st.checkpoints.now_ms(), "aligned")),
-        (net_input.END,),
+        Buffer(encode_records([1, 2, 3])),
+        Barrier(CheckpointBarrier(1, st.checkpoints.now_ms(), "aligned")),
+        END,
     ])
     result = st.run()
     return st, result, st.chain.operators[-1].sink
@@ -315,7 +317,7 @@ def test_an_aligned_checkpoint_reports_the_bytes_processed_between_its_first_and
     barrier = CheckpointBarrier(1, now, "aligned")
     with st.lock:
         st.gate._queue_barrier(first, barrier)  # channel 0's barrier first: it blocks, channel 1 goes on
-        second.items.append((net_input.BUFFER, during))
+        second.items.append(Buffer(during))
         st.gate._queue_barrier(second, barrier)
     while st._step():
         pass

@@ -109,9 +109,10 @@ class Seeder:
             "task_token"
         ]
 
-    def trigger(self, job_id: int, savepoint: bool = False) -> int:
+    def trigger(self, job_id: int, savepoint: bool = False, policy: str | None = None) -> int:
+        """A checkpoint (with `policy` instead of the job's, as the coordinator's type shows it), or a savepoint."""
         path = f"/api/v1/jobs/{job_id}/{'savepoints' if savepoint else 'checkpoints'}"
-        return self._ok(self.http.post(path, json={}))["id"]
+        return self._ok(self.http.post(path, json={"policy": policy} if policy else {}))["id"]
 
     def upload(self, job_id: int, cp: int, vertex: str, index: int, kind: str, data: bytes) -> dict:
         return self._ok(
@@ -174,7 +175,8 @@ class Seeder:
             ch = self.upload(job_id, cp, vertex, index, "channel", data)
             ack["channel_state"] = {k: ch[k] for k in ("blob_id", "sha256", "size")}
             ack["channel_segments"] = segments
-            ack["metrics"]["persisted_data"] = len(data)
+            # as the runtime counts it: the buffers' bytes, without the 4-byte length stored before each
+            ack["metrics"]["persisted_data"] = len(data) - _LEN.size * sum(g["buffer_count"] for g in segments)
         if delay_ms:
             time.sleep(delay_ms / 1000)
         self._ok(self.http.post(f"/api/v1/jobs/{job_id}/checkpoints/{cp}/acks", json=ack))
@@ -182,7 +184,7 @@ class Seeder:
     def checkpoint(
         self, job_id: int, graph: dict, unaligned: bool, step: int, savepoint: bool = False
     ) -> int:
-        cp = self.trigger(job_id, savepoint)
+        cp = self.trigger(job_id, savepoint, None if savepoint else "unaligned" if unaligned else "aligned")
         for v in graph["vertices"]:
             for i in range(v["parallelism"]):
                 self.ack(job_id, cp, v["id"], i, unaligned and not savepoint, step, delay_ms=(step * 7) % 23)
@@ -198,7 +200,7 @@ class Seeder:
         job = self.job(name, graph, retained=1)
         self.attempt(job["id"])
         for step in range(count):
-            cp = self.trigger(job["id"])
+            cp = self.trigger(job["id"], policy="unaligned" if step % 2 == 1 else "aligned")
             ack = {
                 "attempt": 1,
                 "vertex": "only",

@@ -96,16 +96,20 @@ def _report_live(
     job_id: int,
     figures: dict[tuple[str, int], tuple[float, float]],
     lags: dict[tuple[str, int], tuple[int, bool]] | None = None,
+    splits: dict[tuple[str, int], dict] | None = None,
 ) -> None:
     """Live metrics of the job's current attempt, as its subtasks would report them: (records/s, backpressure), and
-    for those in ``lags`` a watermark that trails the report's timestamp by the lag (ms), and whether it is idle."""
+    for those in ``lags`` a watermark that trails the report's timestamp by the lag (ms), and whether it is idle;
+    for those in ``splits`` their splits (the ``splits`` and ``splits_more`` fields)."""
     attempt = _api(url, f"/api/v1/jobs/{job_id}")["current_attempt"]
     for (vertex, index), (records, backpressure) in figures.items():
         now = int(time.time() * 1000)
-        metrics = {"window_ms": 1000, "records_in_per_second": records, "backpressure": backpressure}
+        metrics = {"window_ms": 5000, "records_in_per_second": records, "backpressure": backpressure}
         if lags and (vertex, index) in lags:
             lag, idle = lags[(vertex, index)]
             metrics |= {"watermark": now - lag, "watermark_lag_ms": lag, "watermark_idle": idle}
+        if splits and (vertex, index) in splits:
+            metrics |= splits[(vertex, index)]
         r = httpx.post(
             f"{url}/api/v1/jobs/{job_id}/attempts/{attempt}/subtasks/{vertex}/{index}/metrics",
             json={"timestamp": now, "metrics": metrics},
@@ -149,9 +153,22 @@ def test_jobs_page_lists_jobs_with_their_latest_checkpoint_and_counts(page, seed
     assert "orders" in text and "RUNNING" in text
     assert f"#{job['latest_completed_checkpoint_id']}" in text and "ago" in text
     cells = row.locator("td").all_inner_texts()
-    failures = job["num_failed"] - job["num_interrupted"]
-    assert cells[2] == "1" and cells[4] == str(job["num_completed"]) and cells[5] == str(failures)
+    assert cells[5] == "1" and cells[7] == str(job["num_completed"]) and cells[8] == str(job["num_failed"])
+    # its policy, when it was created and for how long it has been running
+    assert cells[2] == "aligned_then_unaligned" and ":" in cells[3]
+    assert re.fullmatch(r"\d+(\.\d+)? (ms|s)|\d+ min \d+ s", cells[4]), cells[4]
     assert "none yet" in page.locator(f"tr[data-job='{seeded.idle}']").inner_text()
+
+
+def test_job_page_sums_up_its_completed_checkpoints_with_min_avg_and_max(page, seeded):
+    page.goto(f"{seeded.url}/#/jobs/{seeded.orders}")
+    table = page.locator("table.job-summary")
+    table.wait_for()
+    summary = _api(seeded.url, f"/api/v1/jobs/{seeded.orders}/checkpoints/stats")["summary"]
+    cells = table.locator("tr[data-figure='End to end'] td.num").all_inner_texts()
+    assert len(cells) == 3 and cells[0] != cells[2] and "–" not in cells
+    assert summary["end_to_end_duration"]["min"] < summary["end_to_end_duration"]["max"]
+    assert f"{len(seeded.completed)} completed checkpoints" in table.locator("caption").inner_text()
 
 
 def test_job_page_draws_the_graph_config_chart_and_history(page, seeded):
@@ -204,7 +221,7 @@ def test_checkpoint_page_highlights_only_outlying_subtasks(page, seeded):
 
 def test_an_even_checkpoint_highlights_nothing(page, seeded):
     aligned = next(c for c in seeded.completed if _api(
-        seeded.url, f"/api/v1/jobs/{seeded.orders}/checkpoints/{c}")["checkpoint_type"] == "aligned")
+        seeded.url, f"/api/v1/jobs/{seeded.orders}/checkpoints/{c}")["subtask_modes"]["unaligned"] == 0)
     page.goto(f"{seeded.url}/#/jobs/{seeded.orders}/checkpoints/{aligned}")
     page.locator("table.subtasks").wait_for()
     assert page.locator("tr.row-large").count() == 0  # nothing persisted: no largest channel state
@@ -431,6 +448,21 @@ def test_stop_with_savepoint_asks_for_confirmation_and_the_job_finishes_with_it(
     _complete(seeded.url, job_id, sp["id"])
     page.locator("h1 .status-finished").wait_for()  # followed live: the job ended with its savepoint
     page.locator(".live-ended").wait_for()
+    # nothing stays as it was while the job ran: the notice, and the counts beside "Latest completed"
+    page.get_by_text("The job ended: it is FINISHED.").wait_for()
+    assert "stops once it completes" not in page.locator("main").inner_text()
+    page.locator(".card", has_text="Savepoints").locator(".card-value", has_text="1").wait_for()
+    page.locator(".card", has_text="Completed").first.locator(".card-value", has_text="1").wait_for()
+
+
+def test_cancel_confirmation_is_red_as_what_cannot_be_undone(page, seeded):
+    job_id, _ = _running_job(seeded.url, "red-cancel")
+    page.goto(f"{seeded.url}/#/jobs/{job_id}")
+    page.locator("#cancel-job").click()
+    confirm = page.locator("dialog.confirm-dialog").get_by_role("button", name="Cancel job")
+    color = confirm.evaluate("b => getComputedStyle(b).backgroundColor")
+    assert color == "rgb(180, 35, 35)", color
+    page.locator("dialog.confirm-dialog").get_by_role("button", name="Keep running").click()
 
 
 def test_the_last_checkpoint_cut_short_by_a_normal_end_is_not_a_failure(page, seeded):
@@ -450,7 +482,8 @@ def test_the_last_checkpoint_cut_short_by_a_normal_end_is_not_a_failure(page, se
     failed = page.locator(".card", has_text="Failed")
     assert failed.locator(".card-value").inner_text() == "0" and "bad" not in failed.get_attribute("class")
     assert "1 not finished" in failed.inner_text()
-    assert page.locator(f"g[data-panel='end-to-end duration'] rect.bar-interrupted[data-checkpoint='{last}']").count()
+    # the chart draws from its own request: wait for it, as for the table
+    page.locator(f"g[data-panel='end-to-end duration'] rect.bar-interrupted[data-checkpoint='{last}']").wait_for()
     assert page.locator("g[data-panel='end-to-end duration'] rect.bar-failed").count() == 0
 
     page.goto(f"{seeded.url}/#/jobs/{job_id}/checkpoints/{last}")
@@ -472,6 +505,8 @@ def test_a_declined_checkpoint_is_a_failure_that_says_why(page, seeded):
     text = notice.inner_text()
     assert text.startswith("Failed") and "a subtask could not take it" in text and "state backend unavailable" in text
     assert "Waiting for" not in page.locator("main").inner_text()
+    # who never acknowledged it: every subtask here (declined before any ack)
+    assert notice.locator(".never-acked").inner_text().startswith("Never acknowledged (6): source[0], source[1]")
 
 
 def test_the_in_flight_page_of_a_checkpoint_collected_by_retention_says_so_and_when(page, seeded):
@@ -503,10 +538,15 @@ def test_attempts_show_the_restored_checkpoint_the_fallback_and_its_reason_and_a
     blob = _api(seeded.url, f"/api/v1/jobs/{job_id}/checkpoints/{newer}")["subtasks"][0]["operator_state"]
     (path,) = list((coordinator.data_dir / "blobs").rglob(blob["blob_id"] + "*"))
     path.write_bytes(path.read_bytes()[:-7])  # cut short: the restore check (a stat per object) finds it
-    _post(seeded.url, f"/api/v1/jobs/{job_id}/attempts", {"parallelism": {"sink": 2}})
+    cause = "restart 1 after: org.apache.spark.SparkException: Job aborted due to stage failure"
+    _post(seeded.url, f"/api/v1/jobs/{job_id}/attempts", {"parallelism": {"sink": 2}, "reason": cause})
     page.goto(f"{seeded.url}/#/jobs/{job_id}")
     row = page.locator("table.attempts tr[data-attempt='2']")
     row.wait_for()
+    # the cause of the restart is labelled under the running job's title, and is why attempt 1 ended
+    assert page.locator(".status-message").inner_text() == f"Why attempt 2 started (the job restarted): {cause}"
+    assert page.locator("table.attempts tr[data-attempt='1'] td.end-reason").inner_text() == cause
+    assert row.locator("td.end-reason").inner_text() == "running"
     assert f"checkpoint #{older}" in row.locator("td.restored").inner_text()
     fallback = row.locator("td.fallback").inner_text()
     assert f"#{newer}" in fallback and "cut or overwritten" in fallback
@@ -527,16 +567,24 @@ def test_the_warm_up_checkpoint_does_not_set_the_charts_scale_or_the_percentiles
                 s.ack(job_id, warm, v["id"], i, unaligned=False, step=0, delay_ms=0)
         for step in range(6):
             s.checkpoint(job_id, GRAPH, unaligned=True, step=step)
+        savepoint = s.trigger(job_id, savepoint=True)  # a slow savepoint sets the scale no more than warm-up
+        time.sleep(1.5)
+        for v in GRAPH["vertices"]:
+            for i in range(v["parallelism"]):
+                s.ack(job_id, savepoint, v["id"], i, unaligned=False, step=0, delay_ms=0)
     finally:
         s.close()
     items = _api(seeded.url, f"/api/v1/jobs/{job_id}/checkpoints")["items"]
-    steady_max = max(c["end_to_end_duration"] for c in items if c["id"] != warm)
+    steady_max = max(c["end_to_end_duration"] for c in items if c["id"] not in (warm, savepoint))
     warm_duration = next(c["end_to_end_duration"] for c in items if c["id"] == warm)
     assert warm_duration > steady_max
+    assert next(c["end_to_end_duration"] for c in items if c["id"] == savepoint) > steady_max
     page.goto(f"{seeded.url}/#/jobs/{job_id}")
     bar = page.locator(f"g[data-panel='end-to-end duration'] rect[data-checkpoint='{warm}']")
     bar.wait_for()
     assert "bar-clipped" in bar.get_attribute("class") and "bar-warm" in bar.get_attribute("class")
+    sp_bar = page.locator(f"g[data-panel='end-to-end duration'] rect[data-checkpoint='{savepoint}']")
+    assert "bar-clipped" in sp_bar.get_attribute("class") and "bar-savepoint" in sp_bar.get_attribute("class")
     scale = float(page.locator("g[data-panel='end-to-end duration']").get_attribute("data-scale"))
     assert scale == steady_max
     assert "warm-up" in page.locator(".chart .legend").inner_text()
@@ -577,6 +625,24 @@ def test_the_job_page_shows_each_vertexs_low_watermark_and_each_subtasks_waterma
     assert "(idle)" in idle.locator("td.watermark").inner_text() and idle.locator("td.lag").inner_text() == "1 min 0 s"
     sink = page.locator("tr[data-subtask='sink[0]']")
     assert (sink.locator("td.watermark").inner_text(), sink.locator("td.lag").inner_text()) == ("–", "–")
+    # the rates are averages over the span the subtasks reported (bursts under backpressure), and say so
+    assert page.locator("table.live-subtasks th.rate-span").inner_text() == "Records/s (avg 5 s)"
+
+
+def test_the_job_page_shows_each_source_splits_position_and_lag(page, seeded):
+    page.goto(f"{seeded.url}/#/jobs/{seeded.orders}")
+    page.locator("svg.graph").wait_for()
+    splits = {
+        ("source", 0): {"splits": [{"split": "orders-0", "position": "1200", "lag": 34567}], "splits_more": 12},
+        ("source", 1): {"splits": [{"split": "orders-1", "position": None, "lag": None}]},
+    }
+    _report_live(seeded.url, seeded.orders, LIVE, splits=splits)
+    page.locator("table.source-splits tr[data-split='orders-1']").wait_for()
+    cells = page.locator("tr[data-split='orders-0'] td").all_inner_texts()
+    assert cells == ["orders-0", "source[0]", "1200", "34,567"]
+    assert page.locator("tr[data-split='orders-1'] td").all_inner_texts() == ["orders-1", "source[1]", "–", "–"]
+    assert "source[0]: and 12 more splits" in page.locator(".splits-more").inner_text()
+    assert page.locator("table.source-splits tbody tr").count() == 2  # the other vertices have no splits
 
 
 def test_an_adaptive_checkpoint_says_what_the_policy_chose_and_why(page, seeded):
@@ -593,6 +659,101 @@ def test_an_adaptive_checkpoint_says_what_the_policy_chose_and_why(page, seeded)
     decision.wait_for()
     assert "chosen by adaptive: backpressure 0.90" in decision.inner_text()
     assert "unaligned" in page.locator("dl.facts").inner_text()
+    # its type is what the coordinator decided, before any subtask acked
+    assert page.locator("h1 .badge.type-unaligned").count() == 1
+    assert page.locator("h1 .subtask-modes").inner_text() == "no subtask acknowledged"
+    # the history table says what the adaptive policy chose for each checkpoint
+    page.goto(f"{seeded.url}/#/jobs/{job['id']}")
+    note = page.locator(f"tr[data-checkpoint='{cp}'] .decision-note")
+    note.wait_for()
+    assert note.inner_text().startswith("adaptive chose unaligned: backpressure 0.90")
+    assert page.locator(".adaptive-count").inner_text() == (
+        "The adaptive policy decided 1 of these 1 checkpoints: 1 unaligned.")
     page.goto(f"{seeded.url}/#/jobs/{job['id']}")
     page.locator(".config").wait_for()
     assert "adaptive (chooses per checkpoint; alignment budget 300 ms)" in page.locator(".config").inner_text()
+
+
+def test_relayed_acks_keep_their_own_times_so_the_slowest_subtask_lights_up(page, seeded):
+    """A host's relay sends its subtasks' acks in one request: each keeps its own ack time, so the timeline, the
+    per-vertex min/avg/max and the slowest subtask are true; the header says what the subtasks did beside the type."""
+    s = Seeder(seeded.url)
+    try:
+        job = s.job("relayed-orders", policy="unaligned", alignment_timeout=None)
+        s.attempt(job["id"])
+        cp = s.trigger(job["id"])
+    finally:
+        s.close()
+    trigger = _api(seeded.url, f"/api/v1/jobs/{job['id']}/checkpoints/{cp}")["trigger_timestamp"]
+    time.sleep(0.5)  # the slowed subtask's ack time must lie before the batch arrives
+    acks = []
+    for v in GRAPH["vertices"]:
+        for i in range(v["parallelism"]):
+            slowed = (v["id"], i) == ("count", 1)
+            acks.append({"attempt": 1, "vertex": v["id"], "subtask_index": i, "metrics": {
+                "ack_timestamp": trigger + (400 if slowed else 20 + 5 * i), "start_delay": 1700 if slowed else 3,
+                "unaligned": not slowed, "aligned_over_budget": slowed}})
+    _post(seeded.url, f"/api/v1/jobs/{job['id']}/checkpoints/{cp}/acks/batch", {"acks": acks})
+    page.goto(f"{seeded.url}/#/jobs/{job['id']}/checkpoints/{cp}")
+    page.locator("table.subtasks").wait_for()
+    assert [r.get_attribute("data-subtask") for r in page.locator("tr.row-slow").all()] == ["count[1]"]
+    assert "aligned (over the in-flight budget)" in page.locator("tr[data-subtask='count[1]'] td.took").inner_text()
+    e2e = [page.locator(f"table.vertex-summary tr[data-vertex='count'][data-stat='{stat}'] td.num").nth(0)
+           .inner_text() for stat in ("min", "avg", "max")]
+    assert len(set(e2e)) == 3, e2e
+    assert page.locator("h1 .badge.type-unaligned").count() == 1
+    assert page.locator("h1 .subtask-modes").inner_text() == "5 unaligned · 1 aligned over the in-flight budget"
+    dots = {c.get_attribute("cx") for c in page.locator(".timeline circle.ack-dot").all()}
+    assert len(dots) > 1
+    # the aligned subtask's wait was its start delay, shown where alignment is
+    assert page.locator("dd.start-delay").inner_text().startswith("1.70 s")
+    page.goto(f"{seeded.url}/#/jobs/{job['id']}")
+    assert page.locator(f"tr[data-checkpoint='{cp}'] td.start-delay").inner_text() == "1.70 s"
+
+
+OVERFLOWING = """() => {
+  const out = [];
+  if (document.documentElement.scrollWidth > window.innerWidth + 1) out.push("the page scrolls sideways");
+  for (const p of document.querySelectorAll(".panel")) {
+    const clipped = ["auto", "scroll", "hidden"].includes(getComputedStyle(p).overflowX);
+    if (p.scrollWidth > p.clientWidth + 1 && !clipped) out.push(p.querySelector("h2,h3,caption")?.innerText || p.className);
+  }
+  return out;
+}"""
+
+
+@pytest.mark.parametrize("width", [1000, 760])
+def test_at_narrow_widths_tables_stay_inside_their_panels(browser, seeded, width):
+    """Below about 1,200 px the job and checkpoint tables ran over their panels' edges: a wide table now scrolls
+    inside its panel, and the page itself never scrolls sideways."""
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    context.set_default_timeout(TIMEOUT)
+    page = context.new_page()
+    try:
+        page.goto(f"{seeded.url}/#/jobs/{seeded.orders}")
+        page.locator("table.data").first.wait_for()
+        assert page.evaluate(OVERFLOWING) == []
+        page.goto(f"{seeded.url}/#/jobs/{seeded.orders}/checkpoints/{seeded.completed[-1]}")
+        page.locator("table.data").first.wait_for()
+        assert page.evaluate(OVERFLOWING) == []
+    finally:
+        page.screenshot(path=str(ARTIFACTS / f"narrow-{width}.png"), full_page=True)
+        context.close()
+
+
+def test_the_in_flight_page_and_the_checkpoint_page_state_the_same_in_flight_size(page, seeded):
+    """The checkpoint counts the buffers' bytes; its segments also store each buffer's 4-byte length: the in-flight
+    page said 111 KiB where the checkpoint said 110 KiB. Both now lead with the buffers' bytes."""
+    cp = seeded.unaligned_checkpoint
+    page.goto(f"{seeded.url}/#/jobs/{seeded.orders}/checkpoints/{cp}")
+    button = page.get_by_text("In-flight data (").first
+    button.wait_for()
+    on_checkpoint = button.inner_text().split("(", 1)[1].split(")", 1)[0]
+    page.goto(f"{seeded.url}/#/jobs/{seeded.orders}/checkpoints/{cp}/in-flight")
+    page.locator(".inflight-payload").wait_for()
+    assert page.locator(".inflight-payload").inner_text() == on_checkpoint
+    manifest = _api(seeded.url, f"/api/v1/jobs/{seeded.orders}/checkpoints/{cp}/channel-state")
+    stored = sum(g["length"] for e in manifest["entries"] for g in e["segments"])
+    buffers = sum(g["buffer_count"] for e in manifest["entries"] for g in e["segments"])
+    detail = _api(seeded.url, f"/api/v1/jobs/{seeded.orders}/checkpoints/{cp}")
+    assert detail["persisted_data"] == stored - 4 * buffers, "the seeded checkpoint's figures disagree"

@@ -7,7 +7,7 @@ import struct
 
 import httpx
 
-from app.api.ui import decode_segment, render, safe_loads
+from app.api.preview import decode_segment, render, safe_loads
 from tests.ui.seed import frame
 
 _LEN = struct.Struct("<I")
@@ -111,3 +111,85 @@ def test_a_segment_written_by_the_runtimes_channel_state_writer_decodes_in_order
     records, truncated = decode_segment(data, True, 10)
     assert [r.text for r in records] == ["('k', 1)", "('k', 2)", "('k', 3)"]
     assert [r.buffer for r in records] == [0, 0, 1] and not truncated
+
+
+def test_a_compressed_segment_is_acknowledged_previewed_inflated_and_planned_with_its_codec(coordinator):
+    """Through the coordinator: the ack's segment names its codec, the preview inflates it, the restore plan and
+    the manifest hand the codec on to whoever reads the bytes."""
+    from spark_plugin.network.framing import encode_records
+    from spark_plugin.plan.topology import ChannelInfo
+    from spark_plugin.task.channel_state import ChannelStateWriter
+    from tests.ui.seed import Seeder
+
+    graph = {"vertices": [{"id": "src", "parallelism": 1, "kind": "source"},
+                          {"id": "snk", "parallelism": 1, "kind": "sink"}],
+             "edges": [{"source": "src", "target": "snk", "partitioning": "rebalance"}]}
+    writer = ChannelStateWriter("zstd")
+    writer.start(1)
+    info = ChannelInfo("out:src[0]->snk[0]", "output", "snk", 0, "rebalance")
+    for n in range(3):
+        writer.add_output_data(1, info, encode_records([("k", n, "x" * 200)] * 50), 50)
+    writer.finish_input(1)
+    writer.finish_output(1)
+    result = writer.take(1)
+    s = Seeder(coordinator.url)
+    try:
+        job = s.job("compressed-channel-state", graph, policy="unaligned", alignment_timeout=None)["id"]
+        s.attempt(job)
+        cp = s.trigger(job, policy="unaligned")
+        for vertex in ("src", "snk"):
+            ack: dict = {"attempt": 1, "vertex": vertex, "subtask_index": 0, "metrics": {"unaligned": True}}
+            if vertex == "src":
+                blob = s.upload(job, cp, "src", 0, "channel", result.data)
+                ack["channel_state"] = {k: blob[k] for k in ("blob_id", "sha256", "size")}
+                ack["channel_segments"] = [g.model_dump(mode="json") for g in result.segments]
+                ack["metrics"]["persisted_data"] = result.persisted_bytes
+            s._ok(s.http.post(f"/api/v1/jobs/{job}/checkpoints/{cp}/acks", json=ack))
+        base = f"/api/v1/jobs/{job}/checkpoints/{cp}"
+        (entry,) = s._ok(s.http.get(f"{base}/channel-state"))["entries"]
+        assert entry["segments"][0]["codec"] == "zstd"
+        params = {"vertex": "src", "subtask_index": 0, "channel": info.name, "direction": "output", "max_records": 500}
+        body = s._ok(s.http.get(f"{base}/channel-state/preview", params=params))
+        assert len(body["records"]) == 150 and not body["truncated"]
+        assert body["records"][0]["text"] == f"('k', 0, '{'x' * 200}')"
+        assert body["segment_length"] == len(result.data) < result.persisted_bytes / 5
+        plan = s._ok(s.http.get(f"/api/v1/jobs/{job}/restore-plan", params={"checkpoint_id": cp}))
+        (src,) = [p for p in plan["subtasks"] if p["vertex"] == "src"]
+        assert [g["codec"] for g in src["output_channel_state"]] == ["zstd"]
+    finally:
+        s.close()
+
+
+def test_arrow_records_of_a_batch_edge_are_previewed_without_unpickling(monkeypatch):
+    import pyarrow as pa
+
+    from app.api import preview
+    from contract.record_codec import SubtaskBatch, encode
+
+    def no_unpickling(*args, **kwargs):
+        raise AssertionError("an Arrow record was unpickled")
+
+    monkeypatch.setattr(preview, "safe_loads", no_unpickling)
+    batch = pa.record_batch({"k": list(range(30)), "v": ["x"] * 30})
+    seg = _segment(b"".join(
+        _LEN.pack(len(r)) + r for r in (encode(batch), encode(SubtaskBatch(0, "k", batch.slice(0, 3))))
+    ))
+    (whole, keyed), truncated = decode_segment(seg, True, 10)
+    assert not truncated and (whole.status, whole.type, keyed.status, keyed.type) == (
+        "ok", "RecordBatch", "ok", "SubtaskBatch")
+    assert whole.text.startswith("30 rows × 2 columns (k: int64, v: string); first 20 rows: [{'k': 0, 'v': 'x'}")
+    assert "{'k': 20" not in whole.text
+    assert keyed.text.startswith("3 rows × 2 columns (k: int64, v: string), keyed by 'k'; all rows: [{'k': 0")
+
+
+def test_a_corrupt_arrow_record_is_an_error_with_its_hex_not_a_failure():
+    import pyarrow as pa
+
+    from contract.record_codec import encode
+
+    good = encode(pa.record_batch({"k": [1, 2, 3]}))
+    broken = good[:-40]  # cut inside the batch's body
+    seg = _segment(b"".join(_LEN.pack(len(r)) + r for r in (b"\xff\xff\xff\xffjunk", broken)))
+    records, _ = decode_segment(seg, True, 10)
+    assert [r.status for r in records] == ["error", "error"]
+    assert all("Arrow" in r.text and r.hex for r in records)

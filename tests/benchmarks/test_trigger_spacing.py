@@ -1,0 +1,24 @@
+"""The trigger-spacing benchmark against a real coordinator process (SQLite): periodic checkpoints acknowledged as
+they come, never triggered sooner than their interval after the previous one, and the scenario reachable from
+``overtake bench``."""
+
+from __future__ import annotations
+
+from benchmarks import cli
+from benchmarks.trigger_spacing import Settings, markdown, run
+
+
+def test_periodic_checkpoints_are_measured_and_never_come_sooner_than_their_interval():
+    s = Settings(intervals=(20,), subtasks=3, seconds=2.0)
+    (r,) = run(s)
+    assert r.triggers >= 3 and r.completed >= 2, r.as_dict()
+    assert len(r.spacing_ms) == r.triggers - 1
+    assert min(r.spacing_ms) >= 20, r.spacing_ms  # the interval is a floor: one interval after the last trigger
+    assert all(d >= 0 for d in r.duration_ms) and all(g >= 0 for g in r.gap_ms)
+    text = markdown(s, [r], "overtake bench triggers", "2 cores")
+    assert "| 20 ms |" in text
+
+
+def test_the_scenario_is_reachable_from_overtake_bench():
+    assert cli.bench_args(["16"]).chosen == cli.bench_args(["triggers"]).chosen == ["triggers"]
+    assert "triggers" in cli.bench_args([]).chosen
