@@ -3,7 +3,8 @@
 #   ./dev.sh demo   run the demo pipeline on local Spark with the coordinator on its embedded defaults; its UI's
 #                   address is printed at once, and in a terminal it keeps serving the UI after the run (Ctrl-C)
 #   ./dev.sh test   run the test suite (extra arguments go to pytest)
-#   ./dev.sh serve  run the coordinator on its embedded defaults (prints http://127.0.0.1:8321/ when ready)
+#   ./dev.sh serve  run the coordinator on its embedded defaults (prints http://127.0.0.1:8321/ when ready);
+#                   --data-dir .overtake/demo serves what the demo left
 #   ./dev.sh bench  run the benchmarks (extra arguments go to `overtake bench`)
 #   ./dev.sh <any overtake command...>
 # Dependencies are installed at the versions pinned in requirements/lock.txt (scripts/lock.sh regenerates it).
@@ -75,7 +76,14 @@ case "$cmd" in
       echo "warning: Java 17+ not found: the Spark tests will be skipped (they fail under CI)." >&2
       export OVERTAKE_NO_JAVA=1
     fi
-    exec "$PY" -m pytest "$@"
+    # The report's summary is printed after pytest exits: the failures stay the last lines of the log even when a
+    # library writes to stderr while the interpreter shuts down
+    report=${OVERTAKE_TEST_REPORT:-.overtake/test-report.xml}
+    mkdir -p "$(dirname "$report")"
+    rc=0
+    "$PY" -m pytest --junitxml="$report" "$@" || rc=$?
+    "$PY" scripts/test_summary.py "$report" || true
+    exit "$rc"
     ;;
   serve)
     ensure_python
@@ -87,7 +95,7 @@ case "$cmd" in
     exec "$VENV/bin/overtake" bench "$@"
     ;;
   help|-h|--help)
-    sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
     ;;
   *)
     ensure_python
