@@ -14,7 +14,9 @@ one split, read round robin with a watermark per split; Spark reads one file per
 * *Spark Structured Streaming*: ``readStream.parquet`` over the same files (``maxFilesPerTrigger=1``),
   ``withWatermark`` + ``groupBy(window, key).count()`` in update mode, ``trigger(availableNow=True)``, in a
   process of its own on ``local[2]`` (the standalone run) or on the given session (the test);
-* *PyFlink*: measured only where ``pyflink`` imports; it is not installed here, and the report says so.
+* *PyFlink*: the same count per record in PyFlink 2.3's thread mode (``benchmarks/pyflink_window_count.py``), in
+  PyFlink's own environment (``scripts/pyflink-env.sh``; its pins conflict with the project's) and a process of its
+  own, over as many events as the record path; where that environment is missing the report says so.
 
 What is timed: for the two Overtake paths, from the earliest moment a sink subtask opened (the subtasks open
 together, before the source reads its first row) to the latest moment one closed (after the last window fired), as
@@ -51,7 +53,7 @@ from benchmarks.report import write_scenario
 from spark_plugin.connectors.base import Sink
 
 ROOT = Path(__file__).resolve().parents[1]
-PYFLINK_MISSING = "not measured: PyFlink is not installed in this environment"
+PYFLINK_MISSING = "not measured: PyFlink's environment is missing (scripts/pyflink-env.sh makes it)"
 
 
 @dataclass
@@ -70,7 +72,9 @@ class Settings:
     compression: list[str] = field(default_factory=lambda: ["none"])
     """The batch path runs once per entry, in order, its channel state compressed with it ("none": uncompressed)."""
     batch_path_only: bool = False
-    """Only the batch path (and its compressed runs): no record path, no Spark Structured Streaming."""
+    """Only the batch path (and its compressed runs): no record path, no PyFlink, no Spark Structured Streaming."""
+    pyflink_events: int = 0
+    """Events of PyFlink's per-record run (0: as many as the record path's)."""
 
     @classmethod
     def quick_settings(cls, **over: Any) -> Settings:
@@ -287,13 +291,46 @@ def _structured_streaming_alone(directory: Path, events: int, s: Settings) -> Pa
     return PathRun(**{k: v for k, v in data.items() if k in PathRun.__dataclass_fields__})
 
 
-def pyflink_run() -> PathRun:
-    """PyFlink's per-record job: not measured where PyFlink does not import (it is not installed here)."""
-    try:
-        import pyflink  # noqa: F401
-    except ImportError:
-        return PathRun("PyFlink (per record)", note=PYFLINK_MISSING)
-    return PathRun("PyFlink (per record)", note="not measured: the PyFlink job is not written yet")
+PYFLINK_ENV = ROOT / ".overtake" / "pyflink" / "bin" / "python"
+
+
+def pyflink_python() -> str | None:
+    """The Python of PyFlink's own environment: ``OVERTAKE_PYFLINK_PYTHON``, else the one ``scripts/pyflink-env.sh``
+    makes (None when neither exists)."""
+    named = os.environ.get("OVERTAKE_PYFLINK_PYTHON")
+    if named:
+        return named
+    return str(PYFLINK_ENV) if PYFLINK_ENV.exists() else None
+
+
+def pyflink_run(events: int = 0, s: Settings | None = None, python: str | None = None) -> PathRun:
+    """PyFlink 2.3's per-record job over ``events`` events (``benchmarks/pyflink_window_count.py``, thread mode, in
+    PyFlink's own environment and a process of its own, at ``s.parallelism``); not measured, saying why, where that
+    environment does not exist."""
+    label = "PyFlink (per record)"
+    python = python or pyflink_python()
+    if python is None or not events or s is None:
+        return PathRun(label, note=PYFLINK_MISSING)
+    with tempfile.TemporaryDirectory(prefix="overtake-bench-pyflink-") as stamps:
+        cmd = [python, "-I", str(ROOT / "benchmarks" / "pyflink_window_count.py"), "--events", str(events),
+               "--files", str(s.files), "--keys", str(s.keys), "--window-ms", str(s.window_ms),
+               "--parallelism", str(s.parallelism), "--interval-ms", str(s.interval_ms), "--stamps", stamps]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, cwd=stamps, timeout=3600)
+        except subprocess.TimeoutExpired:
+            return PathRun(label, note="not measured: the PyFlink job did not finish within an hour")
+        if out.returncode != 0:
+            last = (out.stderr.strip().splitlines() or ["no output"])[-1][:300]
+            return PathRun(label, note=f"not measured: the PyFlink job failed ({last})")
+        data = json.loads(out.stdout.strip().splitlines()[-1])
+    run = PathRun(label, events=data["events"], seconds=data["seconds"], windows=data["windows"],
+                  counted=data["counted"], cores=min(s.parallelism, os.cpu_count() or 1),
+                  checkpoints_ms=data.get("checkpoints_ms", []), persisted_bytes=data.get("persisted_bytes", []),
+                  stored_bytes=data.get("stored_bytes", []))
+    run.note = (f"PyFlink 2.3, {data['mode']} mode, unaligned checkpoints every {s.interval_ms} ms (their figures "
+                "from the MiniCluster's REST API, as Flink reports them); events made by a sequence source and a "
+                "Python map (no Parquet decoding)")
+    return run
 
 
 # ------------------------------------------------------------------------------------------------ the run
@@ -310,8 +347,11 @@ def run(s: Settings, status: Callable[[str], None] = lambda m: None, spark: Any 
         status(f"writing {s.events:,} events into {s.files} Parquet files")
         paths = write_events(directory, s.events, s.files, s.keys)
         record_paths, record_events = _record_input(paths, s)
-        ss = None
+        ss = flink = None
         if not s.batch_path_only:
+            pyflink_events = s.pyflink_events or record_events
+            status(f"PyFlink over {pyflink_events:,} events")
+            flink = pyflink_run(pyflink_events, s)
             status("Spark Structured Streaming")
             ss = (measure_structured_streaming(spark, directory, s.events, s) if spark is not None
                   else _structured_streaming_alone(directory, s.events, s))
@@ -331,7 +371,7 @@ def run(s: Settings, status: Callable[[str], None] = lambda m: None, spark: Any 
         finally:
             coordinator.stop()
         if ss is not None:
-            runs += [pyflink_run(), ss]
+            runs += [flink, ss]
     return runs
 
 
@@ -366,11 +406,13 @@ def _bytes(v: float | None) -> str:
 def ratios(runs: list[PathRun]) -> dict[str, float | None]:
     by = {r.label: r for r in runs}
     b, r, ss = by.get("batch path"), by.get("record path"), by.get("Spark Structured Streaming")
+    flink = by.get("PyFlink (per record)")
 
     def ratio(x: PathRun | None, y: PathRun | None) -> float | None:
         return x.rate_per_core / y.rate_per_core if x and y and x.rate_per_core and y.rate_per_core else None
 
-    return {"batch_over_record": ratio(b, r), "batch_over_structured_streaming": ratio(b, ss)}
+    return {"batch_over_record": ratio(b, r), "batch_over_structured_streaming": ratio(b, ss),
+            "record_over_pyflink": ratio(r, flink), "batch_over_pyflink": ratio(b, flink)}
 
 
 def markdown(s: Settings, runs: list[PathRun], command: str = "", machine: str = "") -> str:
@@ -382,7 +424,9 @@ def markdown(s: Settings, runs: list[PathRun], command: str = "", machine: str =
         f"{s.window_ms / 1000:g} s, a count per key and window, no other per-record work; Overtake at parallelism "
         f"{s.parallelism}, unaligned checkpoints every {s.interval_ms} ms (embedded coordinator, SQLite). *Time*: "
         "Overtake from the first sink subtask's open to the last one's close (the sinks' clocks; Spark's job "
-        "submission is outside it); Spark Structured Streaming from `start()` to the end of `awaitTermination()`. "
+        "submission is outside it); PyFlink from the first event a map subtask handled to the last window's result "
+        "(the JVM's start and the job's submission outside it); Spark Structured Streaming from `start()` to the end "
+        "of `awaitTermination()`. "
         "*Per core*: records/s over min(task slots the job takes, CPUs). *Counted*: the sum of the windows' counts "
         "(equal to the events when none is lost or counted twice).\n",
         "| path | events | time | records/s | cores | records/s per core | windows | counted "
@@ -401,13 +445,15 @@ def markdown(s: Settings, runs: list[PathRun], command: str = "", machine: str =
             f"| {_n(x['checkpoint_p50'], ' ms')} | {_bytes(x['persisted_p50'])} | {_bytes(x['persisted_mean'])} "
             f"| {_bytes(x['stored_p50']) if cps is not None else '–'} |"
         )
+    lines += [f"\n*{r.label}*: {r.note}." for r in runs if r.events and r.note]
     q = ratios(runs)
 
     def f(k: str) -> str:
         return "–" if q.get(k) is None else f"{q[k]:.1f}×"
 
     lines.append(f"\nBatch path per core: {f('batch_over_record')} the record path's, "
-                 f"{f('batch_over_structured_streaming')} Spark Structured Streaming's. *Persisted*: the in-flight "
+                 f"{f('batch_over_structured_streaming')} Spark Structured Streaming's, {f('batch_over_pyflink')} "
+                 f"PyFlink's per record; the record path {f('record_over_pyflink')} PyFlink's. *Persisted*: the in-flight "
                  "bytes as they travelled; *stored*: the checkpoint's blobs (operator and channel state), "
                  "compressed on the rows that say a codec.")
     return "\n".join(lines) + "\n"
@@ -440,11 +486,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compression", nargs="+", default=d.compression, choices=["none", "lz4", "zstd"],
                    help="run the batch path once per codec, in this order, its channel state compressed with it "
                    "(none: uncompressed; default: none)")
-    p.add_argument("--batch-path-only", action="store_true", help="no record path, no Spark Structured Streaming")
+    p.add_argument("--pyflink-events", type=int, default=None,
+                   help="events of PyFlink's per-record run (default: as many as the record path's)")
+    p.add_argument("--batch-path-only", action="store_true",
+                   help="no record path, no PyFlink, no Spark Structured Streaming")
     p.add_argument("--out", default="bench-results")
     p.add_argument("--structured-streaming-only", metavar="DIR", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    over = {k: v for k, v in (("events", a.events), ("record_events", a.record_events)) if v is not None}
+    over = {k: v for k, v in (("events", a.events), ("record_events", a.record_events),
+                              ("pyflink_events", a.pyflink_events)) if v is not None}
     over.update(files=a.files, window_ms=a.window_ms, compression=a.compression, batch_path_only=a.batch_path_only)
     s = Settings.quick_settings(**over) if a.quick else Settings(**over)
     if a.structured_streaming_only:

@@ -13,6 +13,7 @@ from benchmarks.batches import (
     markdown,
     measure_overtake,
     measure_structured_streaming,
+    pyflink_python,
     pyflink_run,
     write_events,
 )
@@ -40,13 +41,23 @@ def test_every_path_counts_every_event_once_and_the_report_renders(spark, coordi
         assert run.counted == EVENTS, (run.label, run.counted)
         assert run.windows == expected_windows(), (run.label, run.windows)
         assert run.seconds > 0 and run.cores >= 1
-    flink = pyflink_run()
+    flink = pyflink_run(EVENTS, s)
+    if pyflink_python() is not None:  # PyFlink's environment exists here (scripts/pyflink-env.sh)
+        assert flink.counted == EVENTS and flink.windows == expected_windows(), (flink.counted, flink.windows)
     text = markdown(s, [batch, zstd, record, flink, ss], "overtake bench batches", "2 cores")
     assert "| batch path | 20,000 |" in text and "| record path | 20,000 |" in text
     assert "| batch path, zstd | 20,000 |" in text
     assert "Spark Structured Streaming" in text
     if not flink.events:
-        assert PYFLINK_MISSING in text or "not measured" in text
+        assert PYFLINK_MISSING in text
+
+
+def test_a_pyflink_job_that_cannot_run_is_reported_not_measured_with_its_error(tmp_path):
+    import sys
+
+    s = Settings(events=EVENTS, files=FILES, keys=KEYS, window_ms=WINDOW)
+    run = pyflink_run(EVENTS, s, python=sys.executable)  # the project's Python: no pyflink there
+    assert not run.events and "the PyFlink job failed" in run.note and "pyflink" in run.note, run.note
 
 
 def test_the_scenario_is_reachable_from_overtake_bench():
