@@ -108,9 +108,16 @@ async def test_a_checkpoint_keeps_its_longest_start_delay_beside_its_alignment(a
 
 
 async def test_an_expired_checkpoint_names_the_subtasks_that_never_acked(api):
-    job = await api.job(timeout=300, tolerable_failures=10)
+    job = await api.job(timeout=1000, tolerable_failures=10)
     cp = (await api.trigger(job["id"])).json()
-    await api.ack_all(job, cp["id"], skip={("agg", 1), ("src", 0)})
+    skip = {("agg", 1), ("src", 0)}
+    sent = [(v["id"], i) for v in job["graph"]["vertices"] for i in range(v["parallelism"]) if (v["id"], i) not in skip]
+    answers = await api.ack_all(job, cp["id"], skip=skip)
+    # an ack a loaded machine delivers after the expiry is refused, and that subtask never acked either
+    accepted = {s for s, r in zip(sent, answers, strict=True) if r.status_code < 300}
+    assert accepted, [r.text for r in answers]
+    expected = [f"{v['id']}[{i}]" for v in job["graph"]["vertices"] for i in range(v["parallelism"])
+                if (v["id"], i) not in accepted]
 
     async def aborted():
         c = await api.checkpoint(job["id"], cp["id"])
@@ -118,4 +125,4 @@ async def test_an_expired_checkpoint_names_the_subtasks_that_never_acked(api):
 
     c = await api.wait_for(aborted, what="expiry")
     assert c["abort_reason"] == "expired" and c["pending_subtasks"] == []
-    assert c["never_acked_subtasks"] == ["src[0]", "agg[1]"]
+    assert c["never_acked_subtasks"] == expected

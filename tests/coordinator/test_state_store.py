@@ -39,10 +39,14 @@ async def stored_keys(api) -> set[str]:
     """Every object in the store, by key (relative to the store's root)."""
     store = api.ctx.store
     if isinstance(store, FileBlobStore):
+        # os.walk, not rglob: the store's cleaning deletes directories in the background while this lists them, and
+        # a directory gone between its listing and its scan is skipped (rglob raises FileNotFoundError)
+        root = Path(store.root)
         return {
-            p.relative_to(store.root).as_posix()
-            for p in store.root.rglob("*")
-            if p.is_file() and ".staging" not in p.parts
+            (Path(d) / f).relative_to(root).as_posix()
+            for d, _, files in os.walk(root)
+            for f in files
+            if ".staging" not in Path(d).relative_to(root).parts
         }
     found = await asyncio.to_thread(store.fs.find, store.root)
     return {p[len(store.root) + 1 :] for p in found}
