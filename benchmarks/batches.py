@@ -16,7 +16,7 @@ one split, read round robin with a watermark per split; Spark reads one file per
   process of its own on ``local[2]`` (the standalone run) or on the given session (the test);
 * *PyFlink*: the same count per record in PyFlink 2.3's thread mode (``benchmarks/pyflink_window_count.py``), in
   PyFlink's own environment (``scripts/pyflink-env.sh``; its pins conflict with the project's) and a process of its
-  own, over as many events as the record path; where that environment is missing the report says so.
+  own, over ``pyflink_events`` events; where that environment is missing the report says so.
 
 What is timed: for the two Overtake paths, from the earliest moment a sink subtask opened (the subtasks open
 together, before the source reads its first row) to the latest moment one closed (after the last window fired), as
@@ -73,12 +73,13 @@ class Settings:
     """The batch path runs once per entry, in order, its channel state compressed with it ("none": uncompressed)."""
     batch_path_only: bool = False
     """Only the batch path (and its compressed runs): no record path, no PyFlink, no Spark Structured Streaming."""
-    pyflink_events: int = 0
-    """Events of PyFlink's per-record run (0: as many as the record path's)."""
+    pyflink_events: int = 300_000
+    """Events of PyFlink's per-record run (0: as many as the record path's): it moves some 6,000 records a second
+    here, so 300,000 make a run of about a minute; a rate is per second, so the smaller input is fair."""
 
     @classmethod
     def quick_settings(cls, **over: Any) -> Settings:
-        return cls(**{"quick": True, "events": 1_000_000, "record_events": 200_000, **over})
+        return cls(**{"quick": True, "events": 1_000_000, "record_events": 200_000, "pyflink_events": 60_000, **over})
 
 
 @dataclass
@@ -487,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="run the batch path once per codec, in this order, its channel state compressed with it "
                    "(none: uncompressed; default: none)")
     p.add_argument("--pyflink-events", type=int, default=None,
-                   help="events of PyFlink's per-record run (default: as many as the record path's)")
+                   help=f"events of PyFlink's per-record run (default {d.pyflink_events:,}; 0: as many as the record path's)")
     p.add_argument("--batch-path-only", action="store_true",
                    help="no record path, no PyFlink, no Spark Structured Streaming")
     p.add_argument("--out", default="bench-results")
