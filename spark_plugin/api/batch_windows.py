@@ -95,6 +95,8 @@ class KeyedBatchWindowAggregate(TimedOperator):
         self.outputs = [(c, f) for c, fns in self.aggs.items() for f in fns]
         self.late_records = 0
         """Late rows this subtask sent to the side output (or dropped, when nothing reads it)."""
+        self._fired: dict[TimeWindow, dict[str, list[Any]]] = {}
+        """Result columns of the windows fired in this round of timers, sent by ``timers_fired``."""
 
     def bind_side_outputs(self, emits: dict[str, Emit]) -> None:
         self._late = emits.get(late_tag(self.id))
@@ -190,17 +192,34 @@ class KeyedBatchWindowAggregate(TimedOperator):
         """The result batch of ``window`` for ``keys``: key, bounds, then each aggregate."""
         import pyarrow as pa
 
+        return pa.RecordBatch.from_pydict(self._columns(window, keys, wins))
+
+    def _columns(self, window: TimeWindow, keys: list[Any], wins: dict[Any, list[Any]],
+                 into: dict[str, list[Any]] | None = None) -> dict[str, list[Any]]:
+        """The result columns of ``window`` for ``keys`` (appended to ``into``, when given)."""
         index = {cp: j for j, cp in enumerate(self.partials)}
-        cols: dict[str, list[Any]] = {self.key_column: keys, START: [window.start] * len(keys),
-                                      END: [window.end] * len(keys)}
+        cols: dict[str, list[Any]] = into if into is not None else {}
+        cols.setdefault(self.key_column, []).extend(keys)
+        cols.setdefault(START, []).extend([window.start] * len(keys))
+        cols.setdefault(END, []).extend([window.end] * len(keys))
         for c, f in self.outputs:
             if f == "mean":
                 s, n = index[(c, "sum")], index[(c, "count")]
-                cols[f"{c}_{f}"] = [None if not wins[k][n] else wins[k][s] / wins[k][n] for k in keys]
+                values = [None if not wins[k][n] else wins[k][s] / wins[k][n] for k in keys]
             else:
                 j = index[(c, f)]
-                cols[f"{c}_{f}"] = [wins[k][j] for k in keys]
-        return pa.RecordBatch.from_pydict(cols)
+                values = [wins[k][j] for k in keys]
+            cols.setdefault(f"{c}_{f}", []).extend(values)
+        return cols
+
+    def timers_fired(self) -> None:
+        """Send what the round's timers gathered: one batch per window, its key groups' rows together, windows in
+        the order they fired (a window's timers are one per key group: one batch each was a batch of a few rows)."""
+        import pyarrow as pa
+
+        fired, self._fired = self._fired, {}
+        for cols in fired.values():
+            self._out(pa.RecordBatch.from_pydict(cols))
 
     def _on_late(self, rows: Any) -> None:
         self.late_records += rows.num_rows
@@ -218,7 +237,7 @@ class KeyedBatchWindowAggregate(TimedOperator):
         if wins is None:
             return
         if timestamp == window.end - 1 and wins:
-            self._out(self._result(window, list(wins), wins))
+            self._columns(window, list(wins), wins, self._fired.setdefault(window, {}))
         if timestamp == window.end - 1 + self.allowed_lateness:
             del group[window]  # type: ignore[union-attr]
             if not group:

@@ -250,6 +250,11 @@ class TimedOperator(KeyedOperator):
     def on_timer(self, domain: str, timestamp: int, key: Any, namespace: Any) -> None:
         raise NotImplementedError
 
+    def timers_fired(self) -> None:
+        """Called once after a round of ``on_timer`` calls, before the subtask takes anything else (a barrier, a
+        record, its output watermark): an operator that gathers what its timers emit (one batch per window, not
+        one per key group) sends it here."""
+
     def snapshot(self, checkpoint_id: int) -> Any:
         state = super().snapshot(checkpoint_id)
         state["timers"] = self.timers.snapshot()

@@ -256,6 +256,8 @@ class EventTime:
             n += 1
             if interrupted() or not room():
                 break
+        if n:
+            op.timers_fired()  # what the round gathered goes out before the barrier, record or watermark after it
         self.fired += n
         self._advance_output()
         self._update_status()

@@ -336,3 +336,31 @@ def test_batch_windows_refuse_a_row_of_a_key_group_their_subtask_does_not_own_an
     with pytest.raises(RuntimeError, match=f"key {other!r} .*another subtask"):
         op.bind(lambda b: None)(SubtaskBatch(mine, "k", batch))
     assert not op.state.groups
+
+
+def test_a_round_of_timers_sends_one_batch_per_window_with_the_rows_of_every_key_group():
+    """A window's timers are one per key group; what they fire goes out as one batch per window when the round of
+    timers ends (``timers_fired``), not as one small batch per key group."""
+    op = _window_count(1)
+    out: list = []
+    process = op.bind(out.append)
+    keys = [f"k{n % 9}" for n in range(90)]
+    process(SubtaskBatch(keys[0], "k", pa.RecordBatch.from_pydict(
+        {"k": keys, "ts": [n % 20 for n in range(90)], "v": [1] * 90})))
+    groups = {key_group(k, 128) for k in keys}
+    assert len(groups) > 1
+    op.advance_watermark(100)
+    n = 0
+    while (timer := op.timers.pop_due(0)) is not None:
+        op.on_timer(*timer)
+        n += 1
+    assert n == 2 * len(groups) and out == [], "timers fired, nothing sent before the round ends"
+    op.timers_fired()
+    assert [(b.column("window_start")[0].as_py(), b.num_rows) for b in out] == [(0, 9), (10, 9)]
+    assert sorted(r["k"] for r in out[0].to_pylist()) == sorted(set(keys))
+    want: dict = defaultdict(int)
+    for n, k in enumerate(keys):
+        want[(k, (n % 20) // 10 * 10)] += 1
+    assert {(r["k"], r["window_start"]): r["v_count"] for b in out for r in b.to_pylist()} == dict(want)
+    op.timers_fired()
+    assert len(out) == 2, "a round sends what it gathered once"
