@@ -123,6 +123,23 @@ def _encode_subtask_batch(record: SubtaskBatch) -> bytes:
     return _ipc(batch, record.column)
 
 
+def rows_of(record: Any) -> int:
+    """The rows of a batch record (a ``pyarrow.RecordBatch`` or a :class:`SubtaskBatch` of one); 0 for any other."""
+    if type(record) is SubtaskBatch:
+        record = record.batch
+    return record.num_rows if _is_record_batch_type(type(record)) else 0
+
+
+def slice_rows(record: Any, offset: int, length: int) -> Any:
+    """Rows ``offset`` to ``offset + length`` of a batch record, as the same kind of record: a zero-copy slice of a
+    ``pyarrow.RecordBatch``, or a :class:`SubtaskBatch` of one whose key is the slice's first row's (which is what
+    lets it travel as Arrow). Arrow's IPC writer writes only the slice's rows."""
+    if type(record) is SubtaskBatch:
+        part = record.batch.slice(offset, length)
+        return SubtaskBatch(part.column(record.column)[0].as_py(), record.column, part)
+    return record.slice(offset, length)
+
+
 def _ipc(batch: Any, key_column: str | None) -> bytes:
     import pyarrow as pa
 

@@ -72,6 +72,14 @@ class RecordWriter:
 
     def _flush(self, i: int) -> None:
         b = self.builders[i]
+        if b.full:  # the buffers a batch cut across buffers filled first
+            full, b.full = b.full, []
+            for data, records in full:
+                self.bytes_out += len(data)
+                with self.mailbox.lock:
+                    self.channels[i].add_buffer(data, records)
+        if not b.records:
+            return
         records = b.records
         data = b.finish()
         self.bytes_out += len(data)
@@ -81,7 +89,7 @@ class RecordWriter:
     def flush_all(self) -> None:
         """Send every partly filled buffer (before a barrier, at the end, after restored records)."""
         for i, b in enumerate(self.builders):
-            if b.records:
+            if b.records or b.full:
                 self._flush(i)
 
     def flush_sendable(self) -> None:

@@ -322,6 +322,29 @@ def test_a_restore_of_an_unaligned_checkpoint_of_a_batch_pipeline_is_exactly_onc
     restore_and_check(tmp_path, rows, coord, acks, keyed_before, keyed_after, network)
 
 
+def test_sub_batches_cut_across_buffers_restore_exactly_once_from_an_unaligned_checkpoint(tmp_path, monkeypatch):
+    """Batches larger than a buffer travel as row slices, each a whole Arrow record (here cut down to 4 rows: the
+    default floor of 8,192 keeps these small batches whole). An unaligned checkpoint under backpressure persists
+    slices in flight, and a restore with the keyed stage rescaled 2 → 3 replays them exactly once, in order."""
+    from contract.record_codec import slice_rows
+    from spark_plugin.network import framing
+
+    cuts: list[int] = []
+
+    def counted(record, offset, length):
+        cuts.append(length)
+        return slice_rows(record, offset, length)
+
+    monkeypatch.setattr(framing, "MIN_SLICE_ROWS", 4)
+    monkeypatch.setattr(framing, "slice_rows", counted)
+    rows = write_input(tmp_path / "in", 1500)
+    coord, acks = checkpoint_under_backpressure(tmp_path, 2)
+    assert cuts and min(cuts) >= 4, "no batch was cut across buffers"
+    records = in_flight(coord, acks, "agg")
+    assert records and all(isinstance(r, SubtaskBatch) for r in records)
+    restore_and_check(tmp_path, rows, coord, acks, 2, 3)
+
+
 def split_by_key_group_as_before(self, out):
     """``key_by`` as it was before sub-batches by target subtask: one :class:`KeyedBatch` per key group."""
     column = self.column

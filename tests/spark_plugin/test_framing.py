@@ -112,3 +112,72 @@ def test_the_record_path_never_imports_pyarrow():
             "print('pyarrow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def _buffers_of(capacity: int, batches) -> list[tuple[bytes, int]]:
+    """Every buffer a record writer's channel queues for ``batches`` written through it, in order."""
+    from spark_plugin.network.mailbox import Mailbox
+    from spark_plugin.network.output import OutputChannel
+    from spark_plugin.network.record_writer import RecordWriter
+    from spark_plugin.plan.topology import ChannelInfo
+
+    mb = Mailbox()
+    ch = OutputChannel(0, ChannelInfo("out:a[0]->b[0]", "output"), 1000, mb, lambda cid: None)
+    writer = RecordWriter([ch], "forward", None, 128, capacity, mb)
+    for b in batches:
+        writer.emit(b)
+    writer.flush_all()
+    return [(item.data, item.records) for item in ch.queue]
+
+
+def test_a_batch_larger_than_the_buffer_is_cut_by_rows_into_whole_arrow_records_of_about_a_buffer_each(
+    monkeypatch,
+):
+    import pyarrow as pa
+
+    from spark_plugin.api.batches import SubtaskBatch
+    from spark_plugin.network import framing
+
+    monkeypatch.setattr(framing, "MIN_SLICE_ROWS", 64)  # the default floor keeps slices of this batch larger
+    MIN_SLICE_ROWS = 64
+    rows = 20_000
+    batch = pa.record_batch({"k": [i % 7 for i in range(rows)], "v": [f"row {i}" for i in range(rows)]})
+    keyed = SubtaskBatch(0, "k", batch)
+    small = pa.record_batch({"k": [5], "v": ["small"]})
+    capacity = 16 * 1024
+    buffers = _buffers_of(capacity, [small, batch, keyed])
+    assert len(buffers) > 2 * len(encode_records([batch])) // capacity - 2  # cut: not one oversized buffer
+    slack = len(encode_records([batch.slice(0, MIN_SLICE_ROWS)]))
+    assert all(len(data) < capacity + slack for data, _ in buffers)
+    assert [count_records(data) for data, _ in buffers] == [n for _, n in buffers]
+    out = [r for data, _ in buffers for r in decode_records(data)]
+    assert out[0].equals(small)
+    plain = [r for r in out[1:] if type(r) is not SubtaskBatch]
+    cut = [r for r in out[1:] if type(r) is SubtaskBatch]
+    assert len(plain) > 1 and len(cut) > 1
+    assert all(r.num_rows >= MIN_SLICE_ROWS for r in plain + [c.batch for c in cut])
+    assert pa.Table.from_batches(plain).to_pylist() == batch.to_pylist()  # every row once, in order
+    assert pa.Table.from_batches([c.batch for c in cut]).to_pylist() == batch.to_pylist()
+    assert all(c.column == "k" and c.key == c.batch.column("k")[0].as_py() for c in cut)  # each keyed by its first row
+    for data, _ in buffers:  # each buffer's records are Arrow streams pyarrow opens as they are
+        reader = BufferReader(data)
+        while reader.has_next():
+            start = reader.pos + 4
+            reader.next()
+            assert pa.ipc.open_stream(bytes(data[start : reader.pos])).read_all().num_rows >= 1
+
+
+def test_a_batch_too_small_to_cut_and_records_of_the_record_path_stay_whole():
+    import pyarrow as pa
+
+    from spark_plugin.network.framing import MIN_SLICE_ROWS
+
+    narrow = pa.record_batch({"v": ["x" * 20] * (2 * MIN_SLICE_ROWS - 1)})
+    b = BufferBuilder(1024)
+    assert b.add(narrow) is True and not b.full  # fewer rows than two slices: one buffer of its own
+    assert decode_records(b.finish())[0].equals(narrow)
+    wide = pa.record_batch({"v": ["x" * 20] * (3 * MIN_SLICE_ROWS - 1)})  # no runt of a slice at the end
+    parts = _buffers_of(1024, [wide])
+    assert [r.num_rows for data, _ in parts for r in decode_records(data)] == [MIN_SLICE_ROWS, 2 * MIN_SLICE_ROWS - 1]
+    assert b.add(["x" * 5000]) is True and not b.full  # a pickled record is never cut
+    assert decode_records(b.finish()) == [["x" * 5000]]
