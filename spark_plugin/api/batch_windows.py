@@ -14,8 +14,10 @@ those of its range.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
+from contract.keygroups import KEY_HASH_VERSION
 from spark_plugin.api.batches import (
     AGGREGATES,
     KeyedBatch,
@@ -30,6 +32,9 @@ from spark_plugin.api.operators import Emit
 from spark_plugin.api.timers import EVENT_TIME, TimedOperator
 from spark_plugin.api.watermarks import epoch_ms
 from spark_plugin.api.windows import SlidingEventTimeWindows, TimeWindow, TumblingEventTimeWindows, late_tag
+
+COMPACT = 2
+"""The snapshot format of :meth:`KeyedBatchWindowAggregate.snapshot` (flat columns per key group)."""
 
 START, END = "window_start", "window_end"
 """The result columns of a window's bounds (epoch ms, ``[start, end)``)."""
@@ -221,6 +226,36 @@ class KeyedBatchWindowAggregate(TimedOperator):
         for cols in fired.values():
             self._out(pa.RecordBatch.from_pydict(cols))
 
+    # ------------------------------------------------------------------ checkpoints
+
+    def snapshot(self, checkpoint_id: int) -> Any:
+        """The windows and timers as flat columns per key group (:data:`COMPACT`): the nested form (a ``TimeWindow``
+        and a dict per window, a tuple per timer) took 0.7–0.9 s to pickle for 224,000 open windows, all of it in
+        the checkpoint's synchronous phase; the flat one about a tenth of that."""
+        assert self.state is not None
+        timers = self.timers
+        return {
+            "format": COMPACT,
+            "key_hash": KEY_HASH_VERSION,
+            "windows": {kg: _flat_windows(group, len(self.partials)) for kg, group in self.state.groups.items()
+                        if group},
+            "timers": {"watermark": timers.watermark, "range": timers.key_group_range, "floors": dict(timers.floors),
+                       "event": {kg: _flat_timers(ts) for kg, ts in timers.event.groups.items()},
+                       "processing": {kg: list(t) for kg, t in timers.processing.groups.items()}},
+        }
+
+    def restore(self, state: Any) -> None:
+        """Load a snapshot of either form: the flat one (:meth:`snapshot`), or the nested one that checkpoints taken
+        before it hold (``KeyedOperator``'s, with the timers beside it)."""
+        if state and state.get("format") == COMPACT:
+            state = {
+                "key_hash": state["key_hash"],
+                "keyed": {kg: _nested_windows(flat) for kg, flat in state["windows"].items()},
+                "timers": {**state["timers"],
+                           "event": {kg: _nested_timers(kg, flat) for kg, flat in state["timers"]["event"].items()}},
+            }
+        super().restore(state)
+
     def _on_late(self, rows: Any) -> None:
         self.late_records += rows.num_rows
         if self._late is not None:
@@ -242,3 +277,45 @@ class KeyedBatchWindowAggregate(TimedOperator):
             del group[window]  # type: ignore[union-attr]
             if not group:
                 del self.state.groups[key]
+
+
+# ====================================================================================== the flat snapshot
+
+
+def _flat_windows(group: dict[TimeWindow, dict[Any, list[Any]]], partials: int) -> tuple[Any, ...]:
+    """One key group's windows as columns: each window's start, end and number of keys, then every (window, key)'s
+    key and each of its partial aggregates, windows in order and keys in each window's order."""
+    starts, ends, sizes, keys = [], [], [], []
+    columns: list[list[Any]] = [[] for _ in range(partials)]
+    for w, wins in group.items():
+        starts.append(w.start)
+        ends.append(w.end)
+        sizes.append(len(wins))
+        keys.extend(wins)
+        for j, column in enumerate(columns):
+            column.extend([acc[j] for acc in wins.values()])
+    return starts, ends, sizes, keys, columns
+
+
+def _nested_windows(flat: tuple[Any, ...]) -> dict[TimeWindow, dict[Any, list[Any]]]:
+    starts, ends, sizes, keys, columns = flat
+    group: dict[TimeWindow, dict[Any, list[Any]]] = {}
+    rows = zip(keys, zip(*columns, strict=True), strict=True) if columns else ((k, ()) for k in keys)
+    for start, end, n in zip(starts, ends, sizes, strict=True):
+        group[TimeWindow(start, end)] = {k: list(acc) for k, acc in itertools.islice(rows, n)}
+    return group
+
+
+def _flat_timers(timers: set[tuple[int, Any, Any]]) -> tuple[list[int], list[int], list[int]]:
+    """One key group's event-time timers as columns: each one's time and window (its key is the key group)."""
+    ts, starts, ends = [], [], []
+    for t, _, w in timers:
+        ts.append(t)
+        starts.append(w.start)
+        ends.append(w.end)
+    return ts, starts, ends
+
+
+def _nested_timers(kg: int, flat: tuple[list[int], list[int], list[int]]) -> list[tuple[int, int, TimeWindow]]:
+    ts, starts, ends = flat
+    return [(t, kg, TimeWindow(s, e)) for t, s, e in zip(ts, starts, ends, strict=True)]
