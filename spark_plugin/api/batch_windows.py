@@ -229,9 +229,10 @@ class KeyedBatchWindowAggregate(TimedOperator):
     # ------------------------------------------------------------------ checkpoints
 
     def snapshot(self, checkpoint_id: int) -> Any:
-        """The windows and timers as flat columns per key group (:data:`COMPACT`): the nested form (a ``TimeWindow``
-        and a dict per window, a tuple per timer) took 0.7–0.9 s to pickle for 224,000 open windows, all of it in
-        the checkpoint's synchronous phase; the flat one about a tenth of that."""
+        """The windows and timers as flat columns per key group (:data:`COMPACT`), all of it in the checkpoint's
+        synchronous phase: for 136,500 open windows of 220,500 keys' accumulators, the nested form (a ``TimeWindow``
+        and a dict per window, a tuple per timer) took 0.61 s to pickle, the flat one 0.35 s (0.27 of it reading the
+        windows out of their dicts)."""
         assert self.state is not None
         timers = self.timers
         return {
