@@ -5,11 +5,13 @@ A subtask persists the in-flight buffers of a checkpoint into one blob, laid out
     blob     = segment*           one segment per channel and direction, at the offset its ChannelSegment names
     segment  = frame(buffer)*     the channel's buffers, in the order they travelled
     buffer   = frame(record)*     the exact bytes that travelled on the channel (or the unread rest of them)
-    record   = pickle bytes       one record, pickled once when it was written into its buffer
+    record   = encoded bytes      one record, encoded once when it was written into its buffer: a pickle, or an
+                                  Arrow IPC stream on a batch edge (``contract.record_codec``)
     frame(x) = u32 little-endian length of x, then x
 
-Both levels use the same frame, so the unprocessed rest of a buffer is itself a valid buffer, and a segment can be
-read without unpickling anything (:func:`spans`).
+Both levels use the same frame, so the unprocessed rest of a buffer is itself a valid buffer (on a batch edge, once
+its first Arrow record has its schema again: ``BufferReader.rest``), and a segment can be read without unpickling
+anything (:func:`spans`).
 
 **Compressed segments.** A segment whose ``ChannelSegment.codec`` is set (``"lz4"``: the LZ4 frame format, or
 ``"zstd"``) holds each buffer compressed on its own, so a range of whole buffers still reads alone and incremental

@@ -4,7 +4,11 @@ A buffer is framed records (:mod:`contract.channel_state`); each record's bytes 
 
 - a **pickle** (protocol 5, so they begin with ``0x80``): every record of a record stream, or
 - an **Arrow IPC stream** (they begin with the IPC continuation marker ``ff ff ff ff``): the schema, one record batch
-  and the end-of-stream marker, which ``pyarrow.ipc.open_stream`` and DuckDB's Arrow reader open as they are.
+  and the end-of-stream marker, which ``pyarrow.ipc.open_stream`` and DuckDB's Arrow reader open as they are, or
+- a **batch without its schema** (it begins with ``0x01``, :data:`SHARED_SCHEMA`): the same stream with its schema
+  message left out, because the last whole Arrow record before it in its buffer has the same schema (the same
+  bytes); that record's schema message followed by these bytes after the ``0x01`` is the whole stream
+  (:func:`with_schema`).
 
 Batch streams' records travel and are persisted as Arrow: a ``pyarrow.RecordBatch`` as itself, and a
 :class:`SubtaskBatch` (a batch keyed by ``key_by("column")``) as its batch, with the key column's name in the schema's
@@ -13,8 +17,9 @@ metadata under ``overtake.key_column``; its ``key`` is the first row's value in 
 hand-built one could be), and the older :class:`KeyedBatch`, stay pickles. Checkpoints taken before batches travelled
 as Arrow hold pickled batches: a reader tells the two apart by the first byte, so they restore as before.
 
-The schema goes with every batch (a few hundred bytes beside the batch): a buffer and a persisted segment are read
-from any record on, by a restore or a preview, without a stream's earlier messages. pyarrow is imported only when an
+The schema goes with the first batch of each schema in a buffer (a few hundred bytes: 17 % of a 50-row batch of
+three columns, 0.2 % of 8,192 rows), so a buffer reads alone, from its start, by a restore or a preview; the rest of
+a partly read buffer is given its schema again where it needs it (``spark_plugin.network.framing``). pyarrow is imported only when an
 Arrow record is encoded or decoded: the record path never imports it.
 """
 
@@ -26,6 +31,9 @@ from typing import Any, NamedTuple
 ARROW_PREFIX = b"\xff\xff\xff\xff"
 """The first bytes of an Arrow-encoded record (the IPC continuation marker); a pickle begins with 0x80."""
 ARROW_FIRST_BYTE = 0xFF
+SHARED_SCHEMA = 0x01
+"""The first byte of a batch written without its schema: the rest is an Arrow IPC stream whose schema message was
+left out, the schema being that of the last whole Arrow record before it in its buffer (:func:`with_schema`)."""
 KEY_COLUMN = b"overtake.key_column"
 PROTOCOL = 5
 
@@ -77,7 +85,25 @@ def decode(data: bytes | memoryview) -> Any:
     """One record from its bytes (as :func:`encode` wrote them, or as an older version pickled them)."""
     if len(data) and data[0] == ARROW_FIRST_BYTE:
         return decode_arrow(data)
+    if len(data) and data[0] == SHARED_SCHEMA:
+        raise ValueError("a batch written without its schema: read it with its buffer, whose last whole Arrow "
+                         "record before it holds the schema (contract.record_codec.with_schema)")
     return _loads(data)
+
+
+def schema_length(data: bytes | memoryview) -> int:
+    """The length of the schema message a whole Arrow record begins with; 0 when ``data`` is not one (a pickle, a
+    batch without its schema) or is too short to hold the message it announces."""
+    if len(data) < 8 or data[0] != ARROW_FIRST_BYTE or bytes(data[:4]) != ARROW_PREFIX:
+        return 0
+    n = 8 + int.from_bytes(bytes(data[4:8]), "little")
+    return n if n < len(data) else 0
+
+
+def with_schema(schema: bytes | memoryview, record: bytes | memoryview) -> bytes:
+    """The whole Arrow record (an IPC stream that ``pyarrow.ipc.open_stream`` opens) of a batch written without its
+    schema (first byte :data:`SHARED_SCHEMA`), given the schema message of the whole record before it."""
+    return b"".join((schema, record[1:]))
 
 
 def is_arrow(data: bytes | memoryview) -> bool:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from contract.channel_state import FRAME, spans, unpack
-from contract.record_codec import KEY_COLUMN, is_arrow, read_batch
+from contract.record_codec import KEY_COLUMN, is_arrow, read_batch, schema_length, with_schema
 
 MAX_RECORD_BYTES = 64 * 1024
 MAX_INFLATED_BYTES = 64 * 1024 * 1024
@@ -271,10 +271,24 @@ def _decode_buffer(
 ) -> bool:
     """Append the records of one buffer (``data[start:end]``); True when the record limit was reached."""
     found, stop = spans(data, start, end)
+    schema = None  # the schema message of the buffer's last whole Arrow record
     for rstart, rend in found:
         if len(records) >= max_records:
             return True
-        records.append(preview_record(data[rstart:rend], len(records), buffer))
+        record = data[rstart:rend]
+        if record[:1] == b"\x01":  # a batch written without its schema: the last whole Arrow record's is its own
+            if schema is None:
+                records.append(RecordPreview(
+                    index=len(records), buffer=buffer, size=len(record), status="error", hex=record[:HEX_LIMIT].hex(),
+                    text="an Arrow batch written without its schema, after no Arrow record of its buffer that has one"))
+                continue
+            shown = preview_record(with_schema(schema, record), len(records), buffer)
+            records.append(shown.model_copy(update={"size": len(record)}))  # its size as it travelled
+            continue
+        if is_arrow(record):
+            n = schema_length(record)
+            schema = record[:n] if n else None
+        records.append(preview_record(record, len(records), buffer))
     if stop != end and not partial:
         records.append(
             RecordPreview(

@@ -12,11 +12,21 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from contract.channel_state import FRAME, count_frames, frame
-from contract.record_codec import ARROW_FIRST_BYTE, decode, encode, rows_of, slice_rows
+from contract.record_codec import (
+    ARROW_FIRST_BYTE,
+    SHARED_SCHEMA,
+    decode,
+    encode,
+    rows_of,
+    schema_length,
+    slice_rows,
+    with_schema,
+)
 
 _pack = FRAME.pack
 _unpack_from = FRAME.unpack_from
 _FRAME_SIZE = FRAME.size
+_SHARED = bytes([SHARED_SCHEMA])
 
 
 MIN_SLICE_ROWS = 8192
@@ -39,21 +49,27 @@ class BufferBuilder:
     own (buffers hold whole records).
     """
 
-    __slots__ = ("_parts", "size", "records", "capacity", "full")
+    __slots__ = ("_parts", "size", "records", "capacity", "full", "_schema")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._parts: list[bytes] = []
+        self._parts: list[bytes | memoryview] = []
         self.size = 0
         self.records = 0
         self.full: list[tuple[bytes, int]] = []
         """Buffers a cut batch filled, in order, with their record counts: sent before the one being built."""
+        self._schema: bytes | None = None
+        """The schema message of the buffer's last whole Arrow record: a batch of the same schema after it goes
+        without its own."""
 
     def add(self, record: Any) -> bool:
         """Append one record; return True when the buffer is full and should be finished (and ``full`` sent)."""
         data = encode(record)
-        if len(data) > self.capacity - self.size and data[0] == ARROW_FIRST_BYTE:
-            return self._add_cut(record, data)
+        if data[0] == ARROW_FIRST_BYTE:
+            if len(data) > self.capacity - self.size:
+                return self._add_cut(record, data)
+            self._append(data)
+            return self.size >= self.capacity
         self._parts.append(_pack(len(data)))
         self._parts.append(data)
         self.size += _FRAME_SIZE + len(data)
@@ -61,9 +77,16 @@ class BufferBuilder:
         return self.size >= self.capacity
 
     def _append(self, data: bytes) -> None:
-        self._parts.append(_pack(len(data)))
-        self._parts.append(data)
-        self.size += _FRAME_SIZE + len(data)
+        """Append an Arrow record: without its schema message when the buffer's last whole one has the same."""
+        n = schema_length(data)
+        schema = self._schema
+        if n and schema is not None and n == len(schema) and data.startswith(schema):
+            self._parts += (_pack(1 + len(data) - n), _SHARED, memoryview(data)[n:])
+            self.size += _FRAME_SIZE + 1 + len(data) - n
+        else:
+            self._schema = data[:n] if n else None
+            self._parts += (_pack(len(data)), data)
+            self.size += _FRAME_SIZE + len(data)
         self.records += 1
 
     def _add_cut(self, record: Any, data: bytes) -> bool:
@@ -95,6 +118,7 @@ class BufferBuilder:
         self._parts = []
         self.size = 0
         self.records = 0
+        self._schema = None  # every buffer's first Arrow record carries its schema: a buffer reads alone
         return data
 
 
@@ -114,15 +138,18 @@ def count_records(buffer: bytes | memoryview) -> int:
 
 
 class BufferReader:
-    """Reads the records of one buffer in order; ``rest`` is the byte range not yet read."""
+    """Reads the records of one buffer in order; ``rest`` is the byte range not yet read (a batch there written
+    without its schema gets it back, so the rest reads alone)."""
 
-    __slots__ = ("data", "pos", "channel", "records_read")
+    __slots__ = ("data", "pos", "channel", "records_read", "_schema")
 
     def __init__(self, data: bytes | memoryview, channel: int = -1) -> None:
         self.data = data
         self.pos = 0
         self.channel = channel
         self.records_read = 0
+        self._schema: tuple[int, int] | None = None
+        """Where the schema message of the last whole Arrow record read lies in ``data``."""
 
     def has_next(self) -> bool:
         return self.pos < len(self.data)
@@ -130,18 +157,48 @@ class BufferReader:
     def next(self) -> Any:
         """Return the next record (raises IndexError at the end)."""
         pos = self.pos
-        if pos >= len(self.data):
+        data = self.data
+        if pos >= len(data):
             raise IndexError("no more records in this buffer")
-        (length,) = _unpack_from(self.data, pos)
+        (length,) = _unpack_from(data, pos)
         start = pos + _FRAME_SIZE
-        self.pos = start + length
+        end = self.pos = start + length
         self.records_read += 1
-        return decode(self.data[start : self.pos])
+        first = data[start] if length else -1
+        if first == ARROW_FIRST_BYTE:
+            n = schema_length(data[start:end])
+            self._schema = (start, start + n) if n else None
+        elif first == SHARED_SCHEMA:
+            return decode(self._whole(start, end))
+        return decode(data[start:end])
+
+    def _whole(self, start: int, end: int) -> bytes:
+        """The whole Arrow record of the batch without its schema at ``data[start:end]``."""
+        if self._schema is None:
+            raise ValueError("a batch written without its schema follows no Arrow record of its buffer that has one: "
+                             "the buffer is corrupt or was cut in the middle")
+        s0, s1 = self._schema
+        return with_schema(self.data[s0:s1], self.data[start:end])
 
     def __iter__(self) -> Iterator[Any]:
         while self.pos < len(self.data):
             yield self.next()
 
     def rest(self) -> bytes:
-        """The bytes of the records not read yet: a valid buffer of its own."""
-        return bytes(self.data[self.pos :])
+        """The bytes of the records not read yet: a valid buffer of its own. Where its first Arrow record is a batch
+        written without its schema, that one is given the schema again (the later such batches follow it)."""
+        data, pos = self.data, self.pos
+        if self._schema is None:  # no whole Arrow record read: the first one after ``pos`` has its schema
+            return bytes(data[pos:])
+        at = pos
+        while at + _FRAME_SIZE < len(data):
+            (length,) = _unpack_from(data, at)
+            start = at + _FRAME_SIZE
+            first = data[start] if length else -1
+            if first == SHARED_SCHEMA:
+                whole = self._whole(start, start + length)
+                return b"".join((data[pos:at], _pack(len(whole)), whole, data[start + length :]))
+            if first == ARROW_FIRST_BYTE:
+                break
+            at = start + length
+        return bytes(data[pos:])

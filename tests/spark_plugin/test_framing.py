@@ -159,12 +159,66 @@ def test_a_batch_larger_than_the_buffer_is_cut_by_rows_into_whole_arrow_records_
     assert pa.Table.from_batches(plain).to_pylist() == batch.to_pylist()  # every row once, in order
     assert pa.Table.from_batches([c.batch for c in cut]).to_pylist() == batch.to_pylist()
     assert all(c.column == "k" and c.key == c.batch.column("k")[0].as_py() for c in cut)  # each keyed by its first row
-    for data, _ in buffers:  # each buffer's records are Arrow streams pyarrow opens as they are
+    assert _opened_by_pyarrow(buffers) == [r.num_rows if type(r) is not SubtaskBatch else r.batch.num_rows
+                                           for r in out]
+
+
+def _opened_by_pyarrow(buffers) -> list[int]:
+    """Each Arrow record's rows, read with pyarrow alone by the documented rule: a record beginning 0x01 is its
+    buffer's last whole Arrow record's schema message, then the record's bytes after that first byte."""
+    import pyarrow as pa
+
+    rows = []
+    for data, _ in buffers:
+        pos, schema = 0, None
+        while pos < len(data):
+            length = int.from_bytes(data[pos : pos + 4], "little")
+            record = data[pos + 4 : pos + 4 + length]
+            pos += 4 + length
+            if record[0] == 0x80:  # a pickle
+                continue
+            if record[0] == 0x01:
+                record = schema + record[1:]
+            else:
+                schema = record[: 8 + int.from_bytes(record[4:8], "little")]
+            rows.append(pa.ipc.open_stream(record).read_all().num_rows)
+    return rows
+
+
+def test_a_batch_of_the_schema_before_it_in_its_buffer_goes_without_the_schema_and_a_partly_read_buffer_reads_alone():
+    import pyarrow as pa
+
+    from spark_plugin.api.batches import SubtaskBatch
+
+    a = pa.record_batch({"k": [1, 2], "v": ["a", "b"]})
+    other = pa.record_batch({"x": [1.5]})
+    keyed = SubtaskBatch(1, "k", a)
+    records = [a, a.slice(1), ("record", 1), a, other, other, keyed, keyed, a]
+    buffers = _buffers_of(1 << 20, records)
+    assert len(buffers) == 1
+    data = buffers[0][0]
+    whole = len(encode_records([a]))
+    assert len(data) < len(encode_records(records)) - 3 * (whole - len(a.serialize()))  # schemas left out
+    firsts = []
+    reader = BufferReader(data)
+    while reader.has_next():
+        firsts.append(data[reader.pos + 4])
+        reader.next()
+    # a's schema, again without it; a pickle; a, without it (the pickle keeps the buffer's schema); other's; keyed's
+    # (the key column in the schema's metadata makes it another schema), without; a's again
+    assert firsts == [0xFF, 0x01, 0x80, 0x01, 0xFF, 0x01, 0xFF, 0x01, 0xFF]
+    out = decode_records(data)
+    assert [type(r).__name__ for r in out] == ["RecordBatch", "RecordBatch", "tuple", "RecordBatch", "RecordBatch",
+                                               "RecordBatch", "SubtaskBatch", "SubtaskBatch", "RecordBatch"]
+    assert out[1].equals(a.slice(1)) and out[5].equals(other) and out[7].key == 1 and out[7].batch.equals(a)
+    assert _opened_by_pyarrow(buffers) == [2, 1, 2, 1, 1, 2, 2, 2]  # the pickle is not Arrow
+    for read in range(1, len(records)):  # the rest of a partly read buffer is a buffer of its own
         reader = BufferReader(data)
-        while reader.has_next():
-            start = reader.pos + 4
+        for _ in range(read):
             reader.next()
-            assert pa.ipc.open_stream(bytes(data[start : reader.pos])).read_all().num_rows >= 1
+        rest = reader.rest()
+        assert rest[4] != 0x01, "the rest begins with a batch without its schema"
+        assert [repr(r) for r in decode_records(rest)] == [repr(r) for r in out[read:]]
 
 
 def test_a_batch_too_small_to_cut_and_records_of_the_record_path_stay_whole():

@@ -193,3 +193,24 @@ def test_a_corrupt_arrow_record_is_an_error_with_its_hex_not_a_failure():
     records, _ = decode_segment(seg, True, 10)
     assert [r.status for r in records] == ["error", "error"]
     assert all("Arrow" in r.text and r.hex for r in records)
+
+
+def test_a_batch_written_without_its_schema_is_previewed_with_its_buffers_schema_and_alone_is_an_error():
+    import pyarrow as pa
+
+    from spark_plugin.network.framing import BufferBuilder
+
+    a = pa.record_batch({"k": [1, 2], "v": ["a", "b"]})
+    b = BufferBuilder(1 << 20)
+    for r in (a, a.slice(1), ("record", 1), a.slice(0, 1)):
+        b.add(r)
+    buffer = b.finish()
+    records, truncated = decode_segment(_segment(buffer), True, 10)
+    assert not truncated and [(r.status, r.type) for r in records] == [
+        ("ok", "RecordBatch"), ("ok", "RecordBatch"), ("ok", "tuple"), ("ok", "RecordBatch")]
+    assert records[1].text.startswith("1 rows × 2 columns (k: int64, v: string); all rows: [{'k': 2, 'v': 'b'}]")
+    assert records[3].text.endswith("[{'k': 1, 'v': 'a'}]")
+    assert records[1].size + len(a.schema.serialize()) < records[0].size  # it travelled without the schema
+    orphans, _ = decode_segment(_segment(buffer[4 + records[0].size:]), True, 10)  # cut after the first record
+    assert [r.status for r in orphans] == ["error", "ok", "error"]
+    assert all("without its schema" in orphans[i].text and orphans[i].hex for i in (0, 2))
