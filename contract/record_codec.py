@@ -113,13 +113,39 @@ def is_arrow(data: bytes | memoryview) -> bool:
 def decode_arrow(data: bytes | memoryview) -> Any:
     """The record of an Arrow-encoded record's bytes: a ``pyarrow.RecordBatch``, or a :class:`SubtaskBatch` when the
     schema names a key column. Raises ``ValueError`` when they are not one Arrow IPC stream of one batch."""
-    batch = read_batch(data)
+    return _record_of(read_batch(data))
+
+
+def _record_of(batch: Any) -> Any:
     column = (batch.schema.metadata or {}).get(KEY_COLUMN)
     if column is None:
         return batch
     name = column.decode()
     batch = batch.replace_schema_metadata(_without_key_column(batch.schema.metadata))
     return SubtaskBatch(batch.column(name)[0].as_py(), name, batch)
+
+
+def read_schema(schema: bytes | memoryview) -> Any:
+    """The ``pyarrow.Schema`` of a whole Arrow record's schema message (its first :func:`schema_length` bytes)."""
+    import pyarrow as pa
+
+    return pa.ipc.read_schema(pa.py_buffer(schema))
+
+
+def decode_without_schema(record: bytes | memoryview, schema: Any, schema_message: bytes | memoryview) -> Any:
+    """The record of a batch written without its schema (``record`` from its ``0x01`` on), given its buffer's schema
+    (:func:`read_schema` of ``schema_message``): its batch message is read against the schema already parsed; a
+    stream holding more than the one batch message (dictionaries) is read whole (:func:`with_schema`)."""
+    import pyarrow as pa
+
+    view = memoryview(record)[1:]
+    try:
+        message = pa.ipc.read_message(pa.py_buffer(view))
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ValueError(f"not an Arrow batch without its schema: {e}") from None
+    if message.type != "record batch":
+        return decode_arrow(with_schema(schema_message, record))
+    return _record_of(pa.ipc.read_record_batch(message, schema))
 
 
 def read_batch(data: bytes | memoryview) -> Any:

@@ -16,7 +16,9 @@ from contract.record_codec import (
     ARROW_FIRST_BYTE,
     SHARED_SCHEMA,
     decode,
+    decode_without_schema,
     encode,
+    read_schema,
     rows_of,
     schema_length,
     slice_rows,
@@ -141,7 +143,7 @@ class BufferReader:
     """Reads the records of one buffer in order; ``rest`` is the byte range not yet read (a batch there written
     without its schema gets it back, so the rest reads alone)."""
 
-    __slots__ = ("data", "pos", "channel", "records_read", "_schema")
+    __slots__ = ("data", "pos", "channel", "records_read", "_schema", "_parsed")
 
     def __init__(self, data: bytes | memoryview, channel: int = -1) -> None:
         self.data = data
@@ -150,6 +152,8 @@ class BufferReader:
         self.records_read = 0
         self._schema: tuple[int, int] | None = None
         """Where the schema message of the last whole Arrow record read lies in ``data``."""
+        self._parsed: tuple[tuple[int, int], Any] | None = None
+        """That schema parsed, with where it lies (parsed once for the batches that go without it)."""
 
     def has_next(self) -> bool:
         return self.pos < len(self.data)
@@ -169,7 +173,14 @@ class BufferReader:
             n = schema_length(data[start:end])
             self._schema = (start, start + n) if n else None
         elif first == SHARED_SCHEMA:
-            return decode(self._whole(start, end))
+            span = self._schema
+            if span is None:
+                self._whole(start, end)  # raises: no schema before it
+            assert span is not None
+            parsed = self._parsed
+            if parsed is None or parsed[0] != span:
+                parsed = self._parsed = (span, read_schema(memoryview(data)[span[0] : span[1]]))
+            return decode_without_schema(memoryview(data)[start:end], parsed[1], data[span[0] : span[1]])
         return decode(data[start:end])
 
     def _whole(self, start: int, end: int) -> bytes:

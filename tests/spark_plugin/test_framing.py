@@ -235,3 +235,14 @@ def test_a_batch_too_small_to_cut_and_records_of_the_record_path_stay_whole():
     assert [r.num_rows for data, _ in parts for r in decode_records(data)] == [MIN_SLICE_ROWS, 2 * MIN_SLICE_ROWS - 1]
     assert b.add(["x" * 5000]) is True and not b.full  # a pickled record is never cut
     assert decode_records(b.finish()) == [["x" * 5000]]
+
+
+def test_a_dictionary_encoded_batch_without_its_schema_decodes_with_its_dictionary():
+    import pyarrow as pa
+
+    d = pa.record_batch({"c": pa.array(["a", "b", "a"]).dictionary_encode(), "x": [1, 2, 3]})
+    ((data, _),) = _buffers_of(1 << 20, [d, d.slice(1), d])
+    reader = BufferReader(data)
+    reader.next()
+    assert data[reader.pos + 4] == 0x01  # its dictionary message comes before its batch: read whole
+    assert [r.to_pylist() for r in decode_records(data)] == [d.to_pylist(), d.slice(1).to_pylist(), d.to_pylist()]
