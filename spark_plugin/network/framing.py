@@ -3,7 +3,8 @@
 Records are encoded once each, when they are appended (pickled, or as Arrow IPC for the batches of batch streams:
 ``contract.record_codec``), and a whole buffer travels and is persisted as it is:
 channel state stores the exact bytes that were sent and never re-serializes. A reader decodes a buffer lazily, one
-record at a time, and can hand out the byte range of the records it has not processed yet (itself a valid buffer).
+record at a time, and can hand out the byte range of the records it has not processed yet (itself a valid buffer;
+only a batch there that travelled without its schema gets the schema's bytes put back in front of it).
 """
 
 from __future__ import annotations
@@ -47,8 +48,12 @@ class BufferBuilder:
     to the room left in the buffer it goes into, so buffers stay about ``capacity`` bytes, a barrier can overtake
     the buffers of a batch's later rows, and channel state stays whole Arrow messages that pyarrow reads. The
     buffers a batch fills before the last one wait in ``full`` (the writer sends them first, in order). Slices have
-    at least :data:`MIN_SLICE_ROWS` rows, so a batch of narrow rows is cut into slices of several buffers' bytes. Any other record larger than the capacity still goes into a buffer of its
-    own (buffers hold whole records).
+    at least :data:`MIN_SLICE_ROWS` rows, so a batch of narrow rows is cut into slices of several buffers' bytes.
+    Any other record larger than the capacity still goes into a buffer of its own (buffers hold whole records).
+
+    **A schema per buffer.** An Arrow record whose schema message is the same bytes as the buffer's last whole Arrow
+    record's goes without it (first byte ``contract.record_codec.SHARED_SCHEMA``); a buffer's first Arrow record
+    always has it, so a buffer reads alone from its start.
     """
 
     __slots__ = ("_parts", "size", "records", "capacity", "full", "_schema")
