@@ -428,7 +428,8 @@ def markdown(s: Settings, runs: list[PathRun], command: str = "", machine: str =
         (f"{head}. " if head else "") +
         f"{s.events:,} events (key, ts, value) in {s.files} Parquet files, {s.keys} keys, tumbling windows of "
         f"{s.window_ms / 1000:g} s, a count per key and window, no other per-record work; Overtake at parallelism "
-        f"{s.parallelism}, unaligned checkpoints every {s.interval_ms} ms (embedded coordinator, SQLite). *Time*: "
+        f"{s.parallelism} (the batch path's source reading {s.batch_rows:,} rows per batch), unaligned checkpoints "
+        f"every {s.interval_ms} ms (embedded coordinator, SQLite). *Time*: "
         "Overtake from the first sink subtask's open to the last one's close (the sinks' clocks; Spark's job "
         "submission is outside it); PyFlink from the first event a map subtask handled to the last window's result "
         "(the JVM's start and the job's submission outside it); Spark Structured Streaming from `start()` to the end "
@@ -491,6 +492,10 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"events of the record path (default {d.record_events:,}; 0: all)")
     p.add_argument("--files", type=int, default=d.files)
     p.add_argument("--window-ms", type=int, default=d.window_ms)
+    p.add_argument("--batch-rows", type=int, default=d.batch_rows,
+                   help=f"rows per batch the batch path's Parquet source reads (default {d.batch_rows:,})")
+    p.add_argument("--interval-ms", type=int, default=d.interval_ms,
+                   help=f"checkpoint interval of the Overtake paths and PyFlink (default {d.interval_ms})")
     p.add_argument("--quick", action="store_true", help="1 million events, the record path over 200,000")
     p.add_argument("--compression", nargs="+", default=d.compression, choices=["none", "lz4", "zstd"],
                    help="run the batch path once per codec, in this order, its channel state compressed with it "
@@ -504,7 +509,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     over = {k: v for k, v in (("events", a.events), ("record_events", a.record_events),
                               ("pyflink_events", a.pyflink_events)) if v is not None}
-    over.update(files=a.files, window_ms=a.window_ms, compression=a.compression, batch_path_only=a.batch_path_only)
+    over.update(files=a.files, window_ms=a.window_ms, compression=a.compression, batch_path_only=a.batch_path_only,
+                batch_rows=a.batch_rows, interval_ms=a.interval_ms)
     s = Settings.quick_settings(**over) if a.quick else Settings(**over)
     if a.structured_streaming_only:
         from spark_plugin.driver.session import spark_session
