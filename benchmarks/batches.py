@@ -26,8 +26,9 @@ the job could use: min(task slots the job's subtasks take, CPUs of the machine) 
 ``local[2]``.
 
 Checkpoints: unaligned every ``interval_ms`` through an embedded coordinator (SQLite); per path, the p50 of the
-completed checkpoints' end-to-end duration, their persisted channel state (``persisted_data``: the in-flight bytes
-as they travelled) and what they stored (``state_size``: the blobs' bytes, compressed when the channel state is)
+completed checkpoints' end-to-end duration, the slowest subtask's synchronous phase in each (its operator state's
+snapshot, part of that duration), their persisted channel state (``persisted_data``: the in-flight bytes as they
+travelled) and what they stored (``state_size``: the blobs' bytes, compressed when the channel state is)
 per checkpoint. ``compression``: the batch path runs once per entry, in that order, with
 ``NetworkConfig.channel_state_compression`` set to it ("none": uncompressed); ``batch_path_only`` leaves out the
 record path and Spark.

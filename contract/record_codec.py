@@ -19,8 +19,8 @@ as Arrow hold pickled batches: a reader tells the two apart by the first byte, s
 
 The schema goes with the first batch of each schema in a buffer (a few hundred bytes: 17 % of a 50-row batch of
 three columns, 0.2 % of 8,192 rows), so a buffer reads alone, from its start, by a restore or a preview; the rest of
-a partly read buffer is given its schema again where it needs it (``spark_plugin.network.framing``). pyarrow is imported only when an
-Arrow record is encoded or decoded: the record path never imports it.
+a partly read buffer is given its schema again where it needs it (``spark_plugin.network.framing``). pyarrow is
+imported only when an Arrow record is encoded or decoded: the record path never imports it.
 """
 
 from __future__ import annotations
