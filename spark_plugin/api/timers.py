@@ -181,13 +181,14 @@ class TimerService:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def snapshot(self) -> dict[str, Any]:
-        """The timers by key group, and the watermark they were taken at (with the range it applies to)."""
+    def snapshot(self, event: bool = True) -> dict[str, Any]:
+        """The timers by key group, and the watermark they were taken at (with the range it applies to); without
+        the event-time timers (an empty ``event``) when the operator keeps those in its own state."""
         return {
             "watermark": self.watermark,
             "range": self.key_group_range,
             "floors": dict(self.floors),
-            "event": {kg: list(t) for kg, t in self.event.groups.items()},
+            "event": {kg: list(t) for kg, t in self.event.groups.items()} if event else {},
             "processing": {kg: list(t) for kg, t in self.processing.groups.items()},
         }
 

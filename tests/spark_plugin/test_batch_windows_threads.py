@@ -18,6 +18,7 @@ from contract.keygroups import key_group
 from spark_plugin import CollectSink, ParquetSource, Pipeline, PipelineError
 from spark_plugin.api.batch_windows import KeyedBatchWindowAggregate
 from spark_plugin.api.batches import SubtaskBatch
+from spark_plugin.api.timers import TimedOperator
 from spark_plugin.api.watermarks import WatermarkStrategy
 from spark_plugin.api.windows import (
     EventTimeSessionWindows,
@@ -415,14 +416,63 @@ def test_batch_windows_keep_windows_by_their_start_and_restore_them_and_their_ti
     assert {type(w) for (_, w, _) in held[0]} == {int}
     assert {type(ns) for t in held[1].values() for (_, _, ns) in t} == {int}
     state = op.snapshot(1)
-    assert set(state) == {"pickled"}  # pickled by the operator itself, without the pickler's memo
+    assert set(state) == {"chunks", "timer_offsets", "timers", "key_hash"}  # windows, their timers by start
     assert _snapshot_view(_loaded(state)) == held
-    old = _as_before(pickle.loads(state["pickled"]))
+    plain = TimedOperator.snapshot(op, 1)  # the state as one dict, as checkpoints before hold it
+    whole = {"pickled": pickle.dumps(plain, protocol=5)}  # pickled whole by the operator
+    old = _as_before(plain)  # windows kept as TimeWindow objects
     assert isinstance(next(iter(next(iter(old["keyed"].values())))), TimeWindow)
-    assert _snapshot_view(_loaded(old)) == held
-    for i in range(2):  # rescaled: each keeps the key groups of its range
-        half = _loaded(old if i else state, i, 2)
-        lo, hi = half.state.key_group_range
-        assert (lo, hi) == (64 * i, 64 * i + 63)
-        assert _snapshot_view(half) == ({k: v for k, v in held[0].items() if lo <= k[0] <= hi},
-                                        {g: t for g, t in held[1].items() if lo <= g <= hi})
+    for form in (whole, old):
+        assert _snapshot_view(_loaded(form)) == held
+    for form in (state, whole, old):
+        for i in range(2):  # rescaled: each keeps the key groups of its range
+            half = _loaded(form, i, 2)
+            lo, hi = half.state.key_group_range
+            assert (lo, hi) == (64 * i, 64 * i + 63)
+            assert _snapshot_view(half) == ({k: v for k, v in held[0].items() if lo <= k[0] <= hi},
+                                            {g: t for g, t in held[1].items() if lo <= g <= hi})
+
+
+def _feed(op: KeyedBatchWindowAggregate, process, rows: list[tuple[str, int, float]], watermark: int) -> None:
+    process(SubtaskBatch(rows[0][0], "k", pa.RecordBatch.from_pylist(
+        [{"k": k, "ts": ts, "v": v} for k, ts, v in rows])))
+    op.advance_watermark(watermark)
+    while (timer := op.timers.pop_due(0)) is not None:
+        op.on_timer(*timer)
+    op.timers_fired()
+
+
+@pytest.mark.parametrize("lateness", [0, 15])
+def test_a_batch_window_checkpoint_pickles_again_only_the_window_starts_that_changed_and_restores_all(lateness):
+    """A checkpoint pickles only the window starts whose windows or timers changed since the last one and keeps
+    the others' pickles: after any mix of new rows, late rows, fired windows and dropped ones, every checkpoint
+    restores exactly what the operator held when it was taken (its windows and its pending timers), at the same
+    parallelism and rescaled."""
+    import random
+
+    rng = random.Random(7 + lateness)
+    op = KeyedBatchWindowAggregate("win", "k", TumblingEventTimeWindows.of(10), "ts",
+                                   {"v": ["sum", "count"]}, allowed_lateness=lateness)
+    op.open(0, 1, 128)
+    process = op.bind(lambda b: None)
+    watermark, repickled = 0, []
+    for checkpoint in range(1, 30):
+        rows = [(f"k{rng.randrange(40)}", watermark - 20 + rng.randrange(60), float(rng.randrange(9)))
+                for _ in range(rng.randrange(1, 80))]
+        watermark += rng.randrange(0, 12)
+        _feed(op, process, rows, watermark)
+        before = dict(op._chunks)
+        held = _snapshot_view(op)
+        state = op.snapshot(checkpoint)
+        repickled.append(sum(1 for s, b in state["chunks"].items() if before.get(s) is not b))
+        assert _snapshot_view(_loaded(state)) == held, f"checkpoint {checkpoint}"
+        for i in range(2):
+            half = _loaded(state, i, 2)
+            lo, hi = half.state.key_group_range
+            assert _snapshot_view(half) == ({k: v for k, v in held[0].items() if lo <= k[0] <= hi},
+                                            {g: t for g, t in held[1].items() if lo <= g <= hi})
+    assert any(0 < n < len(op._chunks) for n in repickled[1:]), repickled  # some kept, some pickled again
+    assert op.snapshot(30)["chunks"] and op._dirty == set()
+    kept = dict(op._chunks)
+    op.snapshot(31)
+    assert all(op._chunks[s] is b for s, b in kept.items()), "nothing changed: nothing pickled again"
