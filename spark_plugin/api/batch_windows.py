@@ -113,8 +113,10 @@ class KeyedBatchWindowAggregate(TimedOperator):
         """Per window start, its key groups' windows and timers as the last snapshot pickled them."""
         self._dirty: set[int] | None = None
         """The window starts whose windows or timers changed since the last snapshot (None: every start)."""
-        self._groups_of: dict[int, set[int]] = {}
-        """Per window start, the key groups that hold a window of it."""
+        self._by_start: dict[int, dict[int, dict[Any, list[Any]]]] = {}
+        """The windows again by start: ``{window start: {key group: {key: [partials]}}}``, the same dicts as the
+        keyed state's (``{key group: {window start: ...}}``), so a checkpoint pickles a start's windows as they
+        are."""
 
     def bind_side_outputs(self, emits: dict[str, Emit]) -> None:
         self._late = emits.get(late_tag(self.id))
@@ -170,7 +172,7 @@ class KeyedBatchWindowAggregate(TimedOperator):
             parts = [grouped.column(n).to_pylist() for n in names]
             refired: dict[tuple[int, int], list[Any]] = {}
             only = group_of[0]
-            dirty, groups_of = self._dirty, self._groups_of
+            dirty, by_start = self._dirty, self._by_start
             if dirty is not None:
                 dirty.update(set(window_starts))
             for i, (k, s) in enumerate(zip(keys, window_starts, strict=True)):
@@ -182,10 +184,10 @@ class KeyedBatchWindowAggregate(TimedOperator):
                 wins = group.get(s)
                 if wins is None:
                     wins = group[s] = {}
-                    at = groups_of.get(s)
+                    at = by_start.get(s)
                     if at is None:
-                        at = groups_of[s] = set()
-                    at.add(kg)
+                        at = by_start[s] = {}
+                    at[kg] = wins
                     end = s + size - 1
                     if end > wm:
                         timers.register_event_time(kg, end, s, kg)
@@ -258,17 +260,16 @@ class KeyedBatchWindowAggregate(TimedOperator):
         0.21 s). A start's windows are pickled without the pickler's memo (``Pickler.fast``): a tree of dicts,
         lists and ints with no object reached twice."""
         assert self.state is not None
-        groups, event, dirty, groups_of = self.state.groups, self.timers.event.groups, self._dirty, self._groups_of
+        event, dirty, by_start = self.timers.event.groups, self._dirty, self._by_start
         fire = self.size - 1
-        for s in (groups_of if dirty is None else dirty):
-            kgs = groups_of.get(s)
-            if not kgs:
+        for s in (by_start if dirty is None else dirty):
+            wins = by_start.get(s)
+            if not wins:
                 self._chunks.pop(s, None)
                 continue
-            wins = {kg: groups[kg][s] for kg in kgs}
             # A window's last timer (the end of its lateness) is pending while it exists: that timer drops it. Its
             # firing is pending too without lateness (the same timer); with lateness, until the window fired.
-            fired = [kg for kg in kgs if (s + fire, kg, s) not in event.get(kg, ())] if self.allowed_lateness else []
+            fired = [kg for kg in wins if (s + fire, kg, s) not in event.get(kg, ())] if self.allowed_lateness else []
             out = io.BytesIO()
             pickler = pickle.Pickler(out, protocol=5)
             pickler.fast = True
@@ -310,10 +311,10 @@ class KeyedBatchWindowAggregate(TimedOperator):
                 state["timers"] = {**timers, "event": {kg: [(ts, key, _start(w)) for ts, key, w in group]
                                                        for kg, group in timers["event"].items()}}
         super().restore(state)
-        self._groups_of = {}
+        self._by_start = {}
         for kg, group in self.state.groups.items():
-            for s in group:
-                self._groups_of.setdefault(s, set()).add(kg)
+            for s, wins in group.items():
+                self._by_start.setdefault(s, {})[kg] = wins
 
     def _on_late(self, rows: Any) -> None:
         self.late_records += rows.num_rows
@@ -337,10 +338,10 @@ class KeyedBatchWindowAggregate(TimedOperator):
             self._columns(TimeWindow(start, end), list(wins), wins, self._fired.setdefault(start, {}))
         if timestamp == end - 1 + self.allowed_lateness:
             del group[start]  # type: ignore[union-attr]
-            at = self._groups_of[start]
-            at.discard(key)
+            at = self._by_start[start]
+            del at[key]
             if not at:
-                del self._groups_of[start]
+                del self._by_start[start]
             if not group:
                 del self.state.groups[key]
 
