@@ -6,9 +6,9 @@ Each sub-batch (:class:`~spark_plugin.api.batches.SubtaskBatch`, the rows of the
 :class:`~spark_plugin.api.batches.KeyedBatch` of an older checkpoint) is assigned to windows vectorized (a row of a
 sliding window is repeated once per window it belongs to), grouped by key and window start with ``pyarrow``'s
 ``group_by`` once, and merged into partial accumulators kept per key group (each distinct key's, which the subtask
-must own) as ``{window start: {key: [partials]}}``, and the timers' namespace is that start too: ints, which a
-checkpoint pickles in its synchronous phase several times faster than a ``TimeWindow`` per window and per timer
-(see :meth:`KeyedBatchWindowAggregate.restore` for checkpoints that hold those). Timers are per key group and
+must own) as ``{window start: {key: [partials]}}`` (the same dicts again by start, which is how a checkpoint holds
+them: see :meth:`KeyedBatchWindowAggregate.snapshot`), and the timers' namespace is that start too: an int, not a
+``TimeWindow`` (see :meth:`KeyedBatchWindowAggregate.restore` for checkpoints that hold those). Timers are per key group and
 window (not per key): when the watermark reaches a window's last millisecond, each key group's timer adds one row
 per key of it with rows in the window, and the round of timers sends one ``RecordBatch`` per window. Both are keyed
 state by key group, so a checkpoint holds them by key group and a rescaled restore loads those of its range.
@@ -256,9 +256,11 @@ class KeyedBatchWindowAggregate(TimedOperator):
 
         Most open windows do not change between two checkpoints: a window stops changing once event time has moved
         past it, and stays until the watermark fires it; where splits are far apart in event time, that is most of
-        them. Pickling them all again was nearly all of a checkpoint's synchronous phase (136,500 open windows:
-        0.21 s). A start's windows are pickled without the pickler's memo (``Pickler.fast``): a tree of dicts,
-        lists and ints with no object reached twice."""
+        them. Pickling them all again was nearly all of a checkpoint's synchronous phase. A start's windows are
+        pickled as the operator keeps them by start (no dict is built for the checkpoint) and without the pickler's
+        memo (``Pickler.fast``: a tree of dicts, lists and ints with no object reached twice). 2,700 open starts of
+        63 keys each: all of them 21 ms (the whole state pickled in one piece took 209 ms), the 780 that one
+        checkpoint of ``bench batches`` changed 8 ms."""
         assert self.state is not None
         event, dirty, by_start = self.timers.event.groups, self._dirty, self._by_start
         fire = self.size - 1
