@@ -224,8 +224,12 @@ def readme_section(r: BenchResults, plot_path: str = "checkpoint_duration.png") 
                f"Python {m.get('Python', '?')}, PySpark {m.get('PySpark', '?')}, Java {m.get('Java', '?')}, "
                f"PostgreSQL {m.get('PostgreSQL', '?')}; load average {m.get('load average at start', '?')} at the "
                f"start. Command: `{r.command}` ({r.seconds / 60:.0f} min, {r.started}). Every comparison is "
-               f"within this one run; parallelism {s.parallelism}, a slow stage of {s.record_cost_ms:g} ms per "
-               f"record, checkpoints every {s.interval_ms} ms, the runtime's default (Flink's) network sizing.\n")
+               f"within this one run" + (
+                   # the pipeline settings of the scenarios that run the bench's own job; a scenario with a job of
+                   # its own (kafka, batches, ...) states its settings in its section
+                   f"; parallelism {s.parallelism}, a slow stage of {s.record_cost_ms:g} ms per record, checkpoints "
+                   f"every {s.interval_ms} ms, the runtime's default (Flink's) network sizing"
+                   if r.backpressure or r.free or r.no_checkpoints_backpressure is not None else "") + ".\n")
     out.append("| target | measured | status | by how much |\n| --- | --- | --- | --- |")
     out.append("\n".join(t.row() for t in targets(r)) + "\n")
     if r.backpressure:

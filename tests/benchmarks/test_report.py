@@ -13,7 +13,7 @@ from benchmarks import cli
 from benchmarks.ackpath import AckPathStats
 from benchmarks.disk import DiskStats
 from benchmarks.flip76 import RunStats, Settings, checkpoint_stats
-from benchmarks.report import markdown, write
+from benchmarks.report import markdown, readme_section, write
 from benchmarks.results import BenchResults
 from benchmarks.targets import targets
 
@@ -106,3 +106,15 @@ def test_quick_disk_scenario_writes_a_report(tmp_path, monkeypatch):
     text = (tmp_path / "report.md").read_text()
     assert "## 4. Channel-state write bandwidth" in text and "## Machine" in text and "quick settings" in text
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bench-")]
+
+
+def test_the_readme_section_names_the_bench_jobs_settings_only_when_a_scenario_ran_that_job():
+    """A run of scenarios with jobs of their own (kafka, batches) has no parallelism or slow stage of the bench's
+    job to state: its readme section said "parallelism 2, a slow stage of 1 ms" for a Kafka run of parallelism 1 and
+    2 ms."""
+    s = Settings()
+    alone = BenchResults(settings=s, machine={"cores": "2"}, command="overtake bench kafka", started="now")
+    assert "slow stage" not in readme_section(alone) and "Every comparison is within this one run." in \
+        readme_section(alone)
+    ran = readme_section(_results(quick=False))
+    assert f"parallelism {s.parallelism}, a slow stage of {s.record_cost_ms:g} ms per record" in ran
