@@ -9,6 +9,7 @@ import pytest
 from benchmarks import cli
 from benchmarks.batches import (
     PYFLINK_MISSING,
+    PathRun,
     Settings,
     markdown,
     measure_overtake,
@@ -63,3 +64,11 @@ def test_a_pyflink_job_that_cannot_run_is_reported_not_measured_with_its_error(t
 def test_the_scenario_is_reachable_from_overtake_bench():
     assert cli.bench_args(["17"]).chosen == cli.bench_args(["batches"]).chosen == ["batches"]
     assert "batches" in cli.bench_args([]).chosen
+
+
+def test_the_report_names_the_checkpoints_left_out_after_the_input():
+    """A checkpoint triggered after the last windows fired holds nothing in flight: the report counts it apart."""
+    run = PathRun("batch path", events=10, seconds=1.0, cores=2, windows=1, counted=10, checkpoints_ms=[40, 60],
+                  checkpoints_after=1)
+    text = markdown(Settings(), [run], "overtake bench batches", "2 cores")
+    assert "| 2 (+1 after) | 40 ms |" in text
