@@ -36,7 +36,7 @@ class HeldSequenceSource(SequenceSource):
 
     def __init__(self, count: int, keys: int, release: str) -> None:
         super().__init__(count=count, keys=keys)
-        self.release = release
+        self.release_file = release  # not ``release``: that is the Source's method the runtime calls
         self.pid_dir = str(Path(release).parent)
 
     def poll(self, max_records: int):
@@ -44,7 +44,7 @@ class HeldSequenceSource(SequenceSource):
         return super().poll(max_records)
 
     def build_split_reader(self, split, position):
-        return HeldSplit(super().build_split_reader(split, position), self.release)
+        return HeldSplit(super().build_split_reader(split, position), self.release_file)
 
 
 class HeldSplit:
@@ -205,10 +205,10 @@ class PhasedSequenceSource(SequenceSource):
 
     def __init__(self, count: int, keys: int, burst: int, rate: float, release: str) -> None:
         super().__init__(count=count, keys=keys)
-        self.burst, self.slow_rate, self.release = burst, rate, release
+        self.burst, self.slow_rate, self.release_file = burst, rate, release  # ``release`` is the Source's method
 
     def build_split_reader(self, split, position):
-        return PhasedSplit(super().build_split_reader(split, position), self.burst, self.slow_rate, self.release)
+        return PhasedSplit(super().build_split_reader(split, position), self.burst, self.slow_rate, self.release_file)
 
 
 class PhasedSplit:

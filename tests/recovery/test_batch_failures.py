@@ -35,14 +35,14 @@ class HeldParquetSource(ParquetSource):
 
     def __init__(self, paths: str, release: str) -> None:
         super().__init__(paths, batch_rows=100, batches=True)
-        self.release = release
+        self.release_file = release  # not ``release``: that is the Source's method the runtime calls
 
     def poll(self, max_records: int):
-        announce(str(Path(self.release).parent))
+        announce(str(Path(self.release_file).parent))
         return super().poll(max_records)
 
     def build_split_reader(self, split, position):
-        return HeldFile(super().build_split_reader(split, position), self.release)
+        return HeldFile(super().build_split_reader(split, position), self.release_file)
 
 
 class HeldFile:

@@ -41,7 +41,7 @@ class HeldEventSource(EventSequenceSource):
 
     def __init__(self, release: str, **kw) -> None:
         super().__init__(**kw)
-        self.release = release
+        self.release_file = release  # not ``release``: that is the Source's method the runtime calls
         self.pid_dir = str(Path(release).parent)
 
     def poll(self, max_records: int):
@@ -49,7 +49,7 @@ class HeldEventSource(EventSequenceSource):
         return super().poll(max_records)
 
     def build_split_reader(self, split, position):
-        return HeldPartition(super().build_split_reader(split, position), self.release, self.count * 9 // 10)
+        return HeldPartition(super().build_split_reader(split, position), self.release_file, self.count * 9 // 10)
 
 
 class HeldPartition:
