@@ -85,7 +85,7 @@ class Settings:
 
     @classmethod
     def quick_settings(cls, **over: Any) -> Settings:
-        return cls(**{"quick": True, "events": 1_000_000, "record_events": 200_000, "pyflink_events": 60_000, **over})
+        return cls(**{"quick": True, "events": 1_000_000, "files": 10, "record_events": 200_000, "pyflink_events": 60_000, **over})
 
 
 @dataclass

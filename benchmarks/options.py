@@ -218,7 +218,7 @@ def triggers_settings_from(args: BenchArgs) -> Any:
 
 
 def batches_settings_from(args: BenchArgs) -> Any:
-    """Scenario 17's settings: 10 million events (1 million with ``--quick``)."""
+    """Scenario 17's settings: 30 million events in 30 files (1 million with ``--quick``)."""
     from benchmarks import batches
 
     return batches.Settings.quick_settings() if args.quick else batches.Settings()
