@@ -141,11 +141,20 @@ class _Held:
 
 
 class HeldSequenceSource(SequenceSource):
-    """A ``SequenceSource`` whose splits keep their last tenth until the file ``release`` exists."""
+    """A ``SequenceSource`` whose splits keep their last tenth until the file ``release`` exists. It announces its
+    task's pid while it polls, held or not: a run restored where the splits were already held sends no record, so
+    nothing else would announce the stage to the killer."""
 
-    def __init__(self, count: int, keys: int, release: str) -> None:
+    def __init__(self, count: int, keys: int, release: str, pid_dir: str) -> None:
         super().__init__(count=count, keys=keys)
         self.release_file = release  # not ``release``: that is the Source's method the runtime calls
+        self.pid_dir = pid_dir
+
+    def poll(self, max_records: int) -> Any:
+        from spark_plugin.testing.failure_injection import announce
+
+        announce(self.pid_dir)
+        return super().poll(max_records)
 
     def build_split_reader(self, split: Any, position: Any) -> Any:
         return _Held(super().build_split_reader(split, position), self.release_file)
@@ -162,7 +171,7 @@ def pipeline(name: str, case: Case, out: str, pid_dir: str, second: bool, delay:
     if release is None:
         source = SequenceSource(count=case.count, keys=KEYS)
     else:
-        source = HeldSequenceSource(case.count, KEYS, release)
+        source = HeldSequenceSource(case.count, KEYS, release, pid_dir)
     (
         p.source(source, id="src", parallelism=case.new_sources if second else case.sources)
         .map(Announce(pid_dir), id="announce")
