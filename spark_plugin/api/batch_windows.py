@@ -174,7 +174,7 @@ class KeyedBatchWindowAggregate(TimedOperator):
             only = group_of[0]
             dirty, by_start = self._dirty, self._by_start
             if dirty is not None:
-                dirty.update(set(window_starts))
+                dirty.update(window_starts)
             for i, (k, s) in enumerate(zip(keys, window_starts, strict=True)):
                 kg = only if kg_of_key is None else kg_of_key[k]
                 group = groups.get(kg)
@@ -284,7 +284,8 @@ class KeyedBatchWindowAggregate(TimedOperator):
     def restore(self, state: Any) -> None:
         """Load a snapshot of any form: by window start (:data:`CHUNKS`), pickled whole (:data:`PICKLED`), or one
         taken before windows were kept by their start (a ``TimeWindow`` in the state and in each timer), which is
-        read into starts first. A start's chunk is unpickled only when this subtask owns one of its key groups."""
+        read into starts first. Every start's chunk is unpickled; the key groups outside this subtask's range are
+        dropped."""
         assert self.state is not None
         self._chunks, self._dirty = {}, None  # the next snapshot pickles every start again
         if state and CHUNKS in state:
