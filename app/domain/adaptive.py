@@ -9,7 +9,9 @@ The rule, in order (the first that applies decides; its reason is recorded with 
 2. The newest finished checkpoint failed (expired or declined): **unaligned**.
 3. Calm: backpressure unknown or below ``HIGH_BACKPRESSURE``, and the newest finished checkpoint aligned in less than
    half the budget, or was unaligned but persisted at most ``CALM_BYTES_PER_SUBTASK`` per subtask (its channels were
-   nearly empty) with backpressure, if known, below ``LOW_BACKPRESSURE``: **aligned**.
+   nearly empty) with backpressure, if known, below ``LOW_BACKPRESSURE`` (below ``HIGH_BACKPRESSURE`` is enough when
+   a short budget was learned, see below: a wrong guess then costs only that budget): **aligned**, switching after
+   the *learned* budget.
 4. Otherwise the job is under pressure (backpressure of at least ``HIGH_BACKPRESSURE`` on some subtask in the live
    metrics this replica received, an alignment that switched or took at least half the budget, or unaligned
    checkpoints that still persist full channels), and the choice is made from what each choice *achieved* under
@@ -25,8 +27,14 @@ The rule, in order (the first that applies decides; its reason is recorded with 
 The inputs all come from the database (the checkpoint rows) except the live backpressure, so replicas decide alike;
 a replica with no live metrics decides from the checkpoints alone. The rule is a pure function of its inputs.
 
-"Aligned" always means aligned-then-unaligned with the budget as its alignment timeout, so a checkpoint chosen
-aligned whose backpressure arrives after the decision still switches instead of expiring. The budget is the job's
+"Aligned" always means aligned-then-unaligned, so a checkpoint chosen aligned whose backpressure arrives after the
+decision still switches instead of expiring. Its alignment timeout is the budget, except in rule 3: a calm guess
+switches after the **learned budget**, ``BUDGET_HEADROOM`` times the longest trigger-to-aligned time (start delay
+plus alignment) of the job's last ``SAMPLE`` checkpoints that aligned without switching, at least
+``MIN_BUDGET_MS`` and at most the budget. A calm phase's alignments take a few milliseconds, so when backpressure
+arrives between two checkpoints the one that guessed calm switches after some 10–20 ms instead of running out the
+whole budget (which set the policy's p90 before). Under pressure (rule 4) aligning is tried and judged with the
+whole budget, and a checkpoint given a learned budget is no evidence of what aligning within the budget achieves. The budget is the job's
 ``checkpoint.alignment_timeout`` (default ``DEFAULT_BUDGET_MS``, at most half the checkpoint timeout). The gap between
 the two backpressure thresholds and the persisted-bytes test keep the choice from flapping on every checkpoint.
 """
@@ -51,6 +59,10 @@ SAMPLE = 5
 """Completed checkpoints per choice whose durations are compared (the newest under pressure)."""
 MARGIN = 0.1
 """How much faster (share of aligned's median) unaligned must have been to be chosen over aligned."""
+BUDGET_HEADROOM = 2
+"""The learned budget: this many times the longest recent trigger-to-aligned time of a calm alignment."""
+MIN_BUDGET_MS = 10
+"""The learned budget's floor: below it one slow barrier hop would make a calm checkpoint switch."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,10 @@ class Seen:
     switched: bool = False
     """It started aligned and switched to unaligned."""
     alignment_duration: int | None = None
+    start_delay: int | None = None
+    """The longest trigger-to-first-barrier time of its subtasks (ms)."""
+    alignment_timeout: int | None = None
+    """The alignment timeout its barriers carried (ms), if any."""
     persisted_data: int = 0
     num_subtasks: int = 1
     policy: BarrierPolicy | None = None
@@ -108,10 +124,26 @@ def pressured(cp: Seen, budget: int) -> bool:
     if cp.failed or cp.duration is None:
         return False
     if cp.policy == BarrierPolicy.aligned_then_unaligned:
+        if cp.alignment_timeout is not None and cp.alignment_timeout < budget:
+            return False  # a calm guess with a learned budget: says nothing of aligning within the whole budget
         return cp.switched or (cp.alignment_duration or 0) * 2 >= budget
     if cp.policy == BarrierPolicy.unaligned:
         return cp.persisted_data > 0
     return False
+
+
+def learned_budget(history: tuple[Seen, ...], budget: int) -> tuple[int, str]:
+    """The alignment timeout of a calm guess, and how it was found: ``BUDGET_HEADROOM`` times the longest
+    trigger-to-aligned time (start delay plus alignment) of the newest ``SAMPLE`` checkpoints that aligned without
+    switching, between ``MIN_BUDGET_MS`` and ``budget``; the budget itself when none aligned."""
+    clean = [cp for cp in history if cp.failed is None and cp.duration is not None and not cp.unaligned
+             and cp.policy == BarrierPolicy.aligned_then_unaligned][:SAMPLE]
+    if not clean:
+        return budget, f"switching after the {budget} ms budget"
+    took = max((cp.start_delay or 0) + (cp.alignment_duration or 0) for cp in clean)
+    learned = min(budget, max(MIN_BUDGET_MS, BUDGET_HEADROOM * took))
+    return learned, (f"switching after {learned} ms (the last {len(clean)} alignments took at most {took} ms from "
+                     f"the trigger; budget {budget} ms)")
 
 
 def _median(xs: list[int]) -> float:
@@ -126,12 +158,12 @@ def decide(seen: Observations, budget: int) -> PolicyDecision:
     history = seen.history[:HISTORY]
     last = history[0] if history else None
 
-    def chose(policy: BarrierPolicy, reason: str) -> PolicyDecision:
+    def chose(policy: BarrierPolicy, reason: str, timeout: int = budget) -> PolicyDecision:
         return PolicyDecision(
             requested=BarrierPolicy.adaptive,
             chosen=policy,
             reason=reason,
-            budget=budget,
+            budget=timeout,
             backpressure=bp,
             based_on=last.id if last else None,
         )
@@ -143,14 +175,16 @@ def decide(seen: Observations, budget: int) -> PolicyDecision:
     if last is not None and last.failed:
         return chose(unaligned, f"checkpoint {last.id} failed ({last.failed})")
     if last is not None and not hot:
+        guess, how = learned_budget(history, budget)
         if not last.unaligned:
             took = last.alignment_duration or 0
             if took * 2 < budget:
-                return chose(aligned, f"checkpoint {last.id} aligned in {took} ms, well within the {budget} ms budget")
-        elif not last.switched and _calm_bytes(last) and (bp is None or bp < LOW_BACKPRESSURE):
+                return chose(aligned, f"checkpoint {last.id} aligned in {took} ms, well within the {budget} ms budget: "
+                                      f"align, {how}", guess)
+        elif not last.switched and _calm_bytes(last) and (bp is None or bp < LOW_BACKPRESSURE or guess < budget):
             per_subtask = last.persisted_data // max(1, last.num_subtasks)
             return chose(aligned, f"checkpoint {last.id} persisted only {_bytes(per_subtask)} per subtask: channels "
-                                  f"are nearly empty, align again (switching after {budget} ms)")
+                                  f"are nearly empty, align again, {how}", guess)
 
     # under pressure: choose from what each choice achieved under pressure
     if hot:

@@ -80,6 +80,8 @@ async def observations(s: AsyncSession, job: JobRow, backpressure: Backpressure 
                 switched=cp.switched_ts is not None
                 or (cp.any_unaligned and cp.policy != BarrierPolicy.unaligned.value and bool(cp.alignment_timeout)),
                 alignment_duration=cp.alignment_duration,
+                start_delay=cp.start_delay,
+                alignment_timeout=cp.alignment_timeout,
                 persisted_data=cp.persisted_data,
                 num_subtasks=cp.num_subtasks,
                 policy=_policy(cp.policy),

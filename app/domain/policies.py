@@ -95,7 +95,8 @@ class Adaptive(PolicyRule):
         decision = decide(seen or Observations(), budget)
         if decision.chosen == BarrierPolicy.unaligned:
             return BarrierPlan(BarrierPolicy.unaligned, decision=decision)
-        return BarrierPlan(decision.chosen, alignment_timeout=budget, switch_after=budget or None, decision=decision)
+        timeout = decision.budget  # the budget, or the shorter one learned for a calm guess
+        return BarrierPlan(decision.chosen, alignment_timeout=timeout, switch_after=timeout or None, decision=decision)
 
 
 POLICY_RULES: dict[BarrierPolicy, PolicyRule] = {

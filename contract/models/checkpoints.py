@@ -62,7 +62,8 @@ class PolicyDecision(_Model):
     chosen: BarrierPolicy = Field(description="What the checkpoint's barriers carried: aligned_then_unaligned (with "
                                   "the budget as alignment timeout) or unaligned.")
     reason: str = Field(description="The rule that decided, with the figures it saw.")
-    budget: int = Field(description="The alignment budget (ms).")
+    budget: int = Field(description="The alignment timeout the checkpoint was given (ms): the job's alignment budget, "
+                                    "or for a calm guess a shorter one learned from the job's recent alignments.")
     backpressure: float | None = Field(
         default=None, description="Highest recent backpressure of the job's subtasks, when the coordinator had any."
     )

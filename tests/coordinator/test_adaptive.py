@@ -50,9 +50,12 @@ async def test_adaptive_checkpoints_follow_backpressure_as_it_comes_and_goes_and
     assert "still full" in still["decision"]["reason"] and "try it" in still["decision"]["reason"]
     await _ack_all(api, job, still["id"], alignment_duration=5)
 
-    # it aligned quickly: align again
+    # it aligned quickly: align again, as a calm guess with a budget learned from the alignments (5 ms, twice that,
+    # at least MIN_BUDGET_MS), not the whole 400 ms; the trial under pressure above kept the whole budget
     calm = (await api.trigger(job["id"])).json()
     assert calm["policy"] == "aligned_then_unaligned" and "well within" in calm["decision"]["reason"]
+    assert calm["alignment_timeout"] == 10 and calm["decision"]["budget"] == 10
+    assert "switching after 10 ms" in calm["decision"]["reason"]
     listed = (await api.client.get(f"/api/v1/jobs/{job['id']}/checkpoints/{calm['id']}")).json()
     assert listed["decision"] == calm["decision"]
 
@@ -182,3 +185,61 @@ def test_an_unaligned_checkpoint_that_persisted_little_in_flight_data_still_coun
                  policy=BarrierPolicy.unaligned, duration=30)
     d = _under_pressure([light, _aligned(9, 240)])
     assert d.chosen == BarrierPolicy.unaligned and "unaligned took 30 ms (median of 1)" in d.reason
+
+
+# --------------------------------------------------------------------------- the learned budget of a calm guess
+
+def _clean(id, start_delay, alignment, timeout=200):
+    """An aligned-then-unaligned checkpoint that aligned without switching."""
+    from app.domain.adaptive import Seen
+
+    return Seen(id=id, alignment_duration=alignment, start_delay=start_delay, alignment_timeout=timeout,
+                policy=BarrierPolicy.aligned_then_unaligned, duration=start_delay + alignment + 12)
+
+
+def test_a_calm_guess_switches_after_twice_the_longest_recent_trigger_to_aligned_time():
+    from app.domain.adaptive import BUDGET_HEADROOM, MIN_BUDGET_MS, SAMPLE
+
+    history = [_clean(10, 6, 3), _clean(9, 9, 8), _clean(8, 4, 1)]
+    d = _under_pressure(history, backpressure=0.1)
+    assert d.chosen == BarrierPolicy.aligned_then_unaligned
+    assert d.budget == BUDGET_HEADROOM * 17 and "at most 17 ms from the trigger" in d.reason
+    # never below the floor, never above the job's budget
+    assert _under_pressure([_clean(10, 1, 1)], backpressure=0.1).budget == MIN_BUDGET_MS
+    assert _under_pressure([_clean(10, 30, 90)], backpressure=0.1).budget == 200
+    # only the newest SAMPLE clean alignments count: a slow one long ago no longer widens it
+    old_slow = [_clean(20 - i, 3, 2) for i in range(SAMPLE)] + [_clean(5, 80, 60)]
+    assert _under_pressure(old_slow, backpressure=0.1).budget == MIN_BUDGET_MS
+
+
+def test_switched_or_unaligned_checkpoints_teach_no_budget_and_without_a_clean_alignment_the_budget_is_whole():
+    from app.domain.adaptive import CALM_BYTES_PER_SUBTASK, Seen
+
+    light = Seen(id=10, unaligned=True, persisted_data=CALM_BYTES_PER_SUBTASK // 2, policy=BarrierPolicy.unaligned,
+                 duration=30)
+    # calm, nothing ever aligned cleanly: the whole budget; with backpressure between the two thresholds it is no
+    # calm guess but the pressure rule's trial of aligning (the whole budget too)
+    assert _under_pressure([light], backpressure=0.1).budget == 200
+    between = _under_pressure([light], backpressure=0.3)
+    assert "nearly empty" not in between.reason and "try it" in between.reason and between.budget == 200
+    # with a clean alignment in the window the guess is cheap, so it is made below the high threshold too
+    d = _under_pressure([light, _clean(9, 5, 2)], backpressure=0.3)
+    assert d.chosen == BarrierPolicy.aligned_then_unaligned and d.budget == 14
+    # hot: no guess, the figures decide and an aligned trial gets the whole budget
+    hot = _under_pressure([light, _clean(9, 5, 2)], backpressure=0.9)
+    assert hot.chosen == BarrierPolicy.aligned_then_unaligned and "try it" in hot.reason and hot.budget == 200
+
+
+def test_a_calm_guess_that_switched_after_its_learned_budget_is_no_evidence_about_aligning_under_pressure():
+    from app.domain.adaptive import Seen
+
+    # the guess switched after 14 ms and took 44 ms; it must not stand for what aligning within 200 ms achieves, so
+    # aligning is still untried under pressure and is tried with the whole budget
+    guess = Seen(id=10, unaligned=True, switched=True, alignment_duration=14, alignment_timeout=14,
+                 persisted_data=1 << 20, policy=BarrierPolicy.aligned_then_unaligned, duration=44)
+    d = _under_pressure([guess, _unaligned(9, 30)])
+    assert d.chosen == BarrierPolicy.aligned_then_unaligned and "try it" in d.reason and d.budget == 200
+    # a trial with the whole budget is evidence
+    trial = Seen(id=8, unaligned=True, switched=True, alignment_duration=200, alignment_timeout=200,
+                 persisted_data=1 << 20, policy=BarrierPolicy.aligned_then_unaligned, duration=240)
+    assert _under_pressure([guess, _unaligned(9, 30), trial]).chosen == BarrierPolicy.unaligned

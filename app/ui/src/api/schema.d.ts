@@ -1591,7 +1591,7 @@ export interface components {
             reason: string;
             /**
              * Budget
-             * @description The alignment budget (ms).
+             * @description The alignment timeout the checkpoint was given (ms): the job's alignment budget, or for a calm guess a shorter one learned from the job's recent alignments.
              */
             budget: number;
             /**
