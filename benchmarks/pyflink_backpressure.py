@@ -8,6 +8,11 @@ imports nothing of the project. The job: an unbounded sequence (Java) → a Pyth
 sleeps ``cost_ms`` per record and counts per key in a ``ValueState``) → a discarding sink; every operator at
 ``parallelism``, unaligned checkpoints every ``interval_ms``. It runs ``seconds`` and is cancelled.
 
+``--storage memory`` (the default, what PyFlink does when no checkpoint directory is set) keeps every checkpoint in
+the JobManager's heap: nothing is written anywhere. ``--storage files`` writes them as files into a directory of the
+working directory (``execution.checkpointing.dir``), as a job that must survive its JobManager does; Flink writes
+those files without an fsync, so even that is not durable against a power loss as Overtake's checkpoints are.
+
 Prints one JSON line: the completed checkpoints' end-to-end durations and persisted bytes after ``warm_up`` of
 them, how many were triggered and completed, and the records the last slow stage took (its ``numRecordsIn``) per
 second of the run.
@@ -46,6 +51,7 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=128)
     ap.add_argument("--payload", type=int, default=100)
     ap.add_argument("--warm-up", type=int, default=1, help="completed checkpoints left out first (as overtake bench)")
+    ap.add_argument("--storage", choices=("memory", "files"), default="memory")
     a = ap.parse_args()
     # thread mode embeds CPython in the JVM (PEMJA), which finds this environment's packages only through PYTHONPATH
     os.environ["PYTHONPATH"] = os.pathsep.join([*site.getsitepackages(), os.environ.get("PYTHONPATH", "")])
@@ -80,6 +86,9 @@ def main() -> None:
     rest = _free_port()
     config.set_string("rest.port", str(rest))
     config.set_string("web.checkpoints.history", "10000")
+    if a.storage == "files":
+        config.set_string("execution.checkpointing.storage", "filesystem")
+        config.set_string("execution.checkpointing.dir", "file://" + os.path.abspath("checkpoints"))
     env = StreamExecutionEnvironment.get_execution_environment(config)
     env.set_parallelism(a.parallelism)
     env.enable_checkpointing(a.interval_ms)
@@ -108,10 +117,16 @@ def main() -> None:
         except (OSError, ValueError, KeyError):
             pass  # not up yet: the next poll
     elapsed = time.monotonic() - started
+    try:
+        storage_seen = _get(base, f"/jobs/{job}/checkpoints/config").get("checkpoint_storage")
+    except (OSError, ValueError):
+        storage_seen = None
     client.cancel().result()
+    files = sum(len(fs) for _, _, fs in os.walk("checkpoints")) if a.storage == "files" else 0
     done = sorted((c for c in seen.values() if c.get("status") == "COMPLETED"), key=lambda c: c["id"])
     after = done[a.warm_up:]
-    print(json.dumps({"depth": a.depth, "seconds": elapsed, "records": records, "throughput": records / elapsed,
+    print(json.dumps({"depth": a.depth, "storage": a.storage, "storage_seen": storage_seen, "files_left": files,
+                      "seconds": elapsed, "records": records, "throughput": records / elapsed,
                       "triggered": len(seen), "completed": len(done),
                       "durations_ms": [c["end_to_end_duration"] for c in after],
                       "persisted_bytes": [c.get("persisted_data", 0) for c in after]}), flush=True)
