@@ -14,6 +14,7 @@ in each phase. Written into ``adaptive.md`` and ``adaptive.json``.
 from __future__ import annotations
 
 import re
+import statistics
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -47,6 +48,9 @@ class WaveSettings:
     alignment_timeout_ms: int = 200
     """aligned_then_unaligned's timeout and the adaptive policy's alignment budget."""
     policies: tuple[str, ...] = POLICIES
+    unbounded: tuple[str, ...] = ("unaligned",)
+    """Policies run a second time without the sender's credit bound (``NetworkConfig(output_backlog_buffers=None)``:
+    an output channel queues up to 10 buffers whatever its credit), to show what the bound costs or saves."""
 
     @classmethod
     def quick(cls) -> WaveSettings:
@@ -97,6 +101,9 @@ class PolicyRun:
     p90_ms: float | None = None
     persisted_total: int = 0
     persisted_per_checkpoint: float | None = None
+    persisted_busy: float | None = None
+    """Mean persisted bytes of the completed checkpoints triggered in busy phases."""
+    persisted_calm: float | None = None
     unaligned_share: float | None = None
     """Share of completed checkpoints that persisted in-flight data (started unaligned or switched)."""
     choices: dict[str, int] = field(default_factory=dict)
@@ -130,9 +137,13 @@ def summarize(policy: str, checkpoints: list, w: WaveSettings) -> PolicyRun:
         return phase_at(c.trigger_timestamp / 1000.0, w.period_s, w.busy_share)
 
     durations = {"busy": [], "calm": []}
+    persisted: dict[str, list[int]] = {"busy": [], "calm": []}
     for c in done:
+        persisted[phase(c)].append(c.persisted_data)
         if c.end_to_end_duration is not None:
             durations[phase(c)].append(float(c.end_to_end_duration))
+    run.persisted_busy = statistics.mean(persisted["busy"]) if persisted["busy"] else None
+    run.persisted_calm = statistics.mean(persisted["calm"]) if persisted["calm"] else None
     run.p50_busy_ms = _p(durations["busy"], 0.5)
     run.p50_calm_ms = _p(durations["calm"], 0.5)
     run.p90_ms = _p(durations["busy"] + durations["calm"], 0.9)
@@ -154,15 +165,20 @@ def summarize(policy: str, checkpoints: list, w: WaveSettings) -> PolicyRun:
 def measure(runner: Any, w: WaveSettings, status: Callable[[str], None] = lambda m: None) -> list[PolicyRun]:
     """Runs every policy on the wave pipeline with ``runner`` (a ``benchmarks.flip76.Runner``)."""
     from client.sync import OvertakeClient
+    from spark_plugin.network.config import NetworkConfig
 
     out = []
-    for policy in w.policies:
-        status(f"{policy}: {w.seconds:.0f} s of waves ({w.period_s:.0f} s periods)")
-        stats = runner.run("adaptive", policy, lambda n: wave_pipeline(n, w), f"wave-{w.depth}", policy, w.depth,
-                           w.seconds, interval_ms=w.interval_ms, alignment_timeout_ms=w.alignment_timeout_ms)
+    variants = [(p, None) for p in w.policies] + [(p, NetworkConfig(output_backlog_buffers=None))
+                                                  for p in w.unbounded if p in w.policies]
+    for policy, network in variants:
+        label = policy if network is None else f"{policy}, no credit bound"
+        status(f"{label}: {w.seconds:.0f} s of waves ({w.period_s:.0f} s periods)")
+        stats = runner.run("adaptive", label, lambda n: wave_pipeline(n, w), f"wave-{w.depth}", policy, w.depth,
+                           w.seconds, network=network, interval_ms=w.interval_ms,
+                           alignment_timeout_ms=w.alignment_timeout_ms)
         with OvertakeClient(runner.url) as client:
             cps = client.list_checkpoints(stats.job_id, limit=1000).items
-        run = summarize(policy, cps, w)
+        run = summarize(label, cps, w)
         run.job_id, run.records, run.throughput = stats.job_id, stats.records, stats.throughput
         out.append(run)
     return out
@@ -189,15 +205,15 @@ def markdown(runs: list[PolicyRun], w: WaveSettings, command: str, machine: str)
         f"aligned_then_unaligned's timeout and the adaptive budget: {w.alignment_timeout_ms} ms.",
         "",
         "| policy | completed | failed | p50 busy | p50 calm | p90 | persisted per checkpoint | persisted in all "
-        "| checkpoints with in-flight data | records/s |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| checkpoints with in-flight data | records/s | persisted per checkpoint, busy / calm |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in runs:
         share = "—" if r.unaligned_share is None else f"{r.unaligned_share:.0%}"
         lines.append(
             f"| {r.policy} | {r.completed} | {r.failed} | {_ms(r.p50_busy_ms)} | {_ms(r.p50_calm_ms)} "
             f"| {_ms(r.p90_ms)} | {_kib(r.persisted_per_checkpoint)} | {r.persisted_total / 2**20:,.1f} MiB "
-            f"| {share} | {r.throughput:,.0f} |"
+            f"| {share} | {r.throughput:,.0f} | {_kib(r.persisted_busy)} / {_kib(r.persisted_calm)} |"
         )
     for r in runs:
         if r.choices:

@@ -30,6 +30,11 @@ class NetworkConfig:
     exclusive_buffers_per_channel: int = 2
     floating_buffers_per_gate: int = 8
     max_buffers_per_output_channel: int = 10
+    output_backlog_buffers: int | None = BACKLOG
+    """Buffers an output channel may queue beyond its receiver's credit (the sender's credit bound, Flink's
+    subpartition backlog). None: no bound, an output channel queues up to ``max_buffers_per_output_channel``
+    whatever its credit, as before the bound; every unaligned checkpoint then persists those buffers too. Kept for
+    comparison (``overtake bench adaptive --credit-bound``)."""
     flush_interval: float = 0.1
     """Seconds after which a partly filled output buffer is sent anyway (Flink's buffer timeout is 100 ms)."""
     debloat_target_s: float | None = None
@@ -78,6 +83,10 @@ class NetworkConfig:
                 f"flush_interval {self.flush_interval!r} must be a finite number of seconds, at least 0 (0: send a "
                 "partly filled buffer whenever its channel can take it; Flink's buffer timeout is 0.1)"
             )
+        if self.output_backlog_buffers is not None and self.output_backlog_buffers < 0:
+            raise ValueError(
+                f"output_backlog_buffers {self.output_backlog_buffers} must not be negative (None: no credit bound)"
+            )
         self._check_debloating()
         check_codec(self.channel_state_compression)
 
@@ -114,8 +123,10 @@ class NetworkConfig:
     def output_buffers_bound(self) -> int:
         """The most finished buffers an output channel holds: what its receiver can grant (its exclusive buffers
         and every floating buffer of the gate) plus the backlog, capped by ``max_buffers_per_output_channel``."""
+        if self.output_backlog_buffers is None:
+            return self.max_buffers_per_output_channel
         granted = self.exclusive_buffers_per_channel + self.floating_buffers_per_gate
-        return min(self.max_buffers_per_output_channel, granted + BACKLOG)
+        return min(self.max_buffers_per_output_channel, granted + self.output_backlog_buffers)
 
     def inflight_capacity_bytes(self, inputs: int, outputs: int) -> int:
         """The most in-flight bytes a subtask with ``inputs`` input and ``outputs`` output channels can persist in

@@ -30,8 +30,9 @@ class OutputChannel:
     The subtask loop appends finished buffers and barriers (the named items of ``network/output_items.py``); a
     sender thread sends a buffer only when the receiver granted credit, sends events without credit, and sends
     priority events before everything queued.
-    ``is_available`` is False once the queue holds as many buffers as the credit plus a backlog of ``BACKLOG``
-    (never more than ``max_buffers``): that is backpressure. A buffer queued beyond that would only wait here and be
+    ``is_available`` is False once the queue holds as many buffers as the credit plus a backlog of ``backlog``
+    (``NetworkConfig.output_backlog_buffers``, ``BACKLOG`` by default; never more than ``max_buffers``, which alone
+    bounds it when ``backlog`` is None): that is backpressure. A buffer queued beyond that would only wait here and be
     persisted by every unaligned checkpoint; a credit arriving wakes the subtask loop to produce the next one.
 
     A priority barrier is sent by the subtask loop itself (``send_priority``) when the sender thread is not in the
@@ -47,8 +48,10 @@ class OutputChannel:
         max_buffers: int,
         mailbox: Mailbox,
         on_barrier_sent: Callable[[int], None],
+        backlog: int | None = BACKLOG,
     ) -> None:
         self.index = index
+        self.backlog = backlog
         self.info = info
         self.max_buffers = max_buffers
         self.mailbox = mailbox
@@ -78,7 +81,9 @@ class OutputChannel:
 
     def is_available(self) -> bool:
         """Whether the loop may produce another buffer for this channel: fewer queued than credit + backlog."""
-        return self.buffers < min(self.max_buffers, self.credit + BACKLOG)
+        if self.backlog is None:
+            return self.buffers < self.max_buffers
+        return self.buffers < min(self.max_buffers, self.credit + self.backlog)
 
     def can_send(self) -> bool:
         """Whether one more buffer would be sent at once: a partly filled buffer is flushed only then."""

@@ -48,7 +48,8 @@ class OutputPartition:
             channels = []
             for info, key in zip(edge.channels, edge.keys, strict=True):
                 ch = OutputChannel(
-                    len(self.channels), info, network.max_buffers_per_output_channel, mailbox, self._barrier_sent
+                    len(self.channels), info, network.max_buffers_per_output_channel, mailbox, self._barrier_sent,
+                    network.output_backlog_buffers,
                 )
                 self.channels.append(ch)
                 self.by_key[key] = ch

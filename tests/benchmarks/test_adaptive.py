@@ -40,14 +40,52 @@ def test_a_policy_run_splits_durations_by_phase_and_leaves_warm_up_and_the_end_o
     assert (r.completed, r.failed, r.unfinished) == (3, 1, 1)
     assert (r.p50_calm_ms, r.p50_busy_ms) == (20.0, 300.0)
     assert r.persisted_total == 6144 and r.persisted_per_checkpoint == 2048
+    assert (r.persisted_busy, r.persisted_calm) == (3072, 0)
     assert r.unaligned_share == 2 / 3
     assert r.choices == {"calm: aligned_then_unaligned": 1, "busy: unaligned": 4}
     assert r.p50_by_choice == {"calm: aligned_then_unaligned": 20.0, "busy: unaligned": 300.0}
     assert r.reasons and all("N" in x for x in r.reasons)
     text = markdown([r], W, "overtake bench adaptive", "cores: 2")
     assert "| adaptive | 3 | 1 | 300 ms | 20 ms |" in text and "busy: unaligned × 4 (300 ms)" in text
+    assert "| 3 KiB / 0 KiB |" in text
 
 
 def test_scenario_9_is_known_by_name_and_number():
     assert cli.bench_args(["9"]).chosen == ["adaptive"]
     assert cli.bench_args(["adaptive"]).chosen == ["adaptive"]
+
+
+def test_the_policies_named_unbounded_run_again_without_the_credit_bound(monkeypatch):
+    import client.sync
+    from benchmarks.adaptive import measure
+
+    calls = []
+
+    class Runner:
+        url = "http://coordinator"
+
+        def run(self, scenario, label, factory, last, policy, depth, seconds, network=None, **kw):
+            calls.append((label, policy, network))
+            return SimpleNamespace(job_id=len(calls), records=10, throughput=1.0)
+
+    class Client:
+        def __init__(self, url):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def list_checkpoints(self, job_id, limit):
+            return SimpleNamespace(items=[_cp(1, "COMPLETED", 100.0, e2e=9000), _cp(2, "COMPLETED", 106.0, e2e=30)])
+
+    monkeypatch.setattr(client.sync, "OvertakeClient", Client)
+    w = WaveSettings(policies=("aligned", "unaligned"), unbounded=("unaligned", "adaptive"))
+    runs = measure(Runner(), w)
+    assert [r.policy for r in runs] == ["aligned", "unaligned", "unaligned, no credit bound"]
+    assert [c[2] for c in calls[:2]] == [None, None]
+    label, policy, network = calls[2]
+    assert policy == "unaligned" and network.output_backlog_buffers is None  # adaptive was not run: not unbounded
+    assert runs[2].p50_busy_ms == 30.0

@@ -87,6 +87,28 @@ def test_an_output_channel_never_holds_more_than_its_credit_plus_the_backlog():
     assert over and max(over) <= BACKLOG
 
 
+def test_the_backlog_is_configurable_and_without_a_bound_only_max_buffers_limits_a_channel():
+    def fill(backlog, credit):
+        mb = Mailbox()
+        ch = OutputChannel(0, OUT, 10, mb, lambda cid: None, backlog)  # no receiver: credit stays as set here
+        ch.credit = credit
+        n = 0
+        with mb.lock:
+            while ch.is_available() and n < 100:
+                ch.add_buffer(encode_records([n]), 1)
+                n += 1
+        return n
+
+    assert fill(BACKLOG, 0) == BACKLOG and fill(BACKLOG, 2) == 2 + BACKLOG
+    assert fill(3, 2) == 5 and fill(3, 9) == 10  # never past max_buffers
+    assert fill(None, 0) == 10 and fill(None, 2) == 10
+    assert NetworkConfig().output_backlog_buffers == BACKLOG
+    assert NetworkConfig(output_backlog_buffers=None).output_buffers_bound() == 10
+    assert NetworkConfig(output_backlog_buffers=0).output_buffers_bound() == 2 + 8
+    with pytest.raises(ValueError, match="output_backlog_buffers -1 must not be negative"):
+        NetworkConfig(output_backlog_buffers=-1)
+
+
 def test_a_credit_arriving_wakes_the_subtask_loop_to_flush_what_it_holds():
     out, gate, mb_out, mb_in = _pair(exclusive=1)
     _until(lambda: out.credit == 1, mb_out.lock, "the exclusive credit")
