@@ -9,9 +9,8 @@ The rule, in order (the first that applies decides; its reason is recorded with 
 2. The newest finished checkpoint failed (expired or declined): **unaligned**.
 3. Calm: backpressure unknown or below ``HIGH_BACKPRESSURE``, and the newest finished checkpoint aligned in less than
    half the budget, or was unaligned but persisted at most ``CALM_BYTES_PER_SUBTASK`` per subtask (its channels were
-   nearly empty) with backpressure, if known, below ``LOW_BACKPRESSURE`` (below ``HIGH_BACKPRESSURE`` is enough when
-   a short budget was learned, see below: a wrong guess then costs only that budget): **aligned**, switching after
-   the *learned* budget.
+   nearly empty) with backpressure, if known, below ``LOW_BACKPRESSURE``: **aligned**, switching after the *learned*
+   budget.
 4. Otherwise the job is under pressure (backpressure of at least ``HIGH_BACKPRESSURE`` on some subtask in the live
    metrics this replica received, an alignment that switched or took at least half the budget, or unaligned
    checkpoints that still persist full channels), and the choice is made from what each choice *achieved* under
@@ -181,7 +180,7 @@ def decide(seen: Observations, budget: int) -> PolicyDecision:
             if took * 2 < budget:
                 return chose(aligned, f"checkpoint {last.id} aligned in {took} ms, well within the {budget} ms budget: "
                                       f"align, {how}", guess)
-        elif not last.switched and _calm_bytes(last) and (bp is None or bp < LOW_BACKPRESSURE or guess < budget):
+        elif not last.switched and _calm_bytes(last) and (bp is None or bp < LOW_BACKPRESSURE):
             per_subtask = last.persisted_data // max(1, last.num_subtasks)
             return chose(aligned, f"checkpoint {last.id} persisted only {_bytes(per_subtask)} per subtask: channels "
                                   f"are nearly empty, align again, {how}", guess)
