@@ -81,7 +81,6 @@ async def observations(s: AsyncSession, job: JobRow, backpressure: Backpressure 
                 or (cp.any_unaligned and cp.policy != BarrierPolicy.unaligned.value and bool(cp.alignment_timeout)),
                 alignment_duration=cp.alignment_duration,
                 start_delay=cp.start_delay,
-                alignment_timeout=cp.alignment_timeout,
                 persisted_data=cp.persisted_data,
                 num_subtasks=cp.num_subtasks,
                 policy=_policy(cp.policy),

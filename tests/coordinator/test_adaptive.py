@@ -189,12 +189,11 @@ def test_an_unaligned_checkpoint_that_persisted_little_in_flight_data_still_coun
 
 # --------------------------------------------------------------------------- the learned budget of a calm guess
 
-def _clean(id, start_delay, alignment, timeout=200):
+def _clean(id, start_delay, alignment):
     """An aligned-then-unaligned checkpoint that aligned without switching."""
     from app.domain.adaptive import Seen
 
-    return Seen(id=id, alignment_duration=alignment, start_delay=start_delay, alignment_timeout=timeout,
-                policy=BarrierPolicy.aligned_then_unaligned, duration=start_delay + alignment + 12)
+    return Seen(id=id, alignment_duration=alignment, start_delay=start_delay, policy=BarrierPolicy.aligned_then_unaligned, duration=start_delay + alignment + 12)
 
 
 def test_a_calm_guess_switches_after_twice_the_longest_recent_trigger_to_aligned_time():
@@ -232,16 +231,17 @@ def test_switched_or_unaligned_checkpoints_teach_no_budget_and_without_a_clean_a
     assert hot.chosen == BarrierPolicy.aligned_then_unaligned and "try it" in hot.reason and hot.budget == 200
 
 
-def test_a_calm_guess_that_switched_after_its_learned_budget_is_no_evidence_about_aligning_under_pressure():
+def test_a_calm_guess_that_switched_after_its_learned_budget_counts_as_aligning_under_pressure():
     from app.domain.adaptive import Seen
 
-    # the guess switched after 14 ms and took 44 ms; it must not stand for what aligning within 200 ms achieves, so
-    # aligning is still untried under pressure and is tried with the whole budget
-    guess = Seen(id=10, unaligned=True, switched=True, alignment_duration=14, alignment_timeout=14,
-                 persisted_data=1 << 20, policy=BarrierPolicy.aligned_then_unaligned, duration=44)
-    d = _under_pressure([guess, _unaligned(9, 30)])
-    assert d.chosen == BarrierPolicy.aligned_then_unaligned and "try it" in d.reason and d.budget == 200
-    # a trial with the whole budget is evidence
-    trial = Seen(id=8, unaligned=True, switched=True, alignment_duration=200, alignment_timeout=200,
-                 persisted_data=1 << 20, policy=BarrierPolicy.aligned_then_unaligned, duration=240)
-    assert _under_pressure([guess, _unaligned(9, 30), trial]).chosen == BarrierPolicy.unaligned
+    def guess(id, duration):
+        return Seen(id=id, unaligned=True, switched=True, alignment_duration=14, persisted_data=1 << 20, policy=BarrierPolicy.aligned_then_unaligned, duration=duration)
+
+    # the guess switched after 14 ms and took 44 ms: aligning does not look faster than unaligned's 30 ms, and no
+    # trial with the whole budget is needed
+    d = _under_pressure([guess(10, 44), _unaligned(9, 30)])
+    assert d.chosen == BarrierPolicy.unaligned and "aligned then unaligned 44 ms" in d.reason
+    # slow unaligned checkpoints (250 ms): the guess (264 ms) is within the margin, aligning is chosen, and with the
+    # whole budget, so that the next sample shows what aligning achieves
+    slow = _under_pressure([guess(10, 264), _unaligned(9, 250)])
+    assert slow.chosen == BarrierPolicy.aligned_then_unaligned and slow.budget == 200
