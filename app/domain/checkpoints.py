@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import JSON, bindparam, func, insert, select, update
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import make_transient_to_detached
@@ -224,6 +224,39 @@ _CP_COLUMNS = [
 computed default itself)."""
 
 
+_TRIGGER_STATEMENTS: dict[tuple[tuple[str, ...], tuple[str, ...]], object] = {}
+"""`_trigger_statement`'s statements by the checkpoint columns and event keys they insert (one shape in practice)."""
+
+
+def _trigger_statement(cp_columns: tuple[str, ...], event_keys: tuple[str, ...]):
+    """`_record_trigger`'s statement for the columns it inserts, built once per set of them with every value a bound
+    parameter (`t_cp_<column>`, `t_event_<column>`, and the job's `t_job`, `t_next`, `t_seq`, `t_last`,
+    `t_updated`): building it and its cache key anew for every trigger cost about as much as PostgreSQL's time for
+    it, between the trigger's timestamp and the subtasks' barriers."""
+    shape = (cp_columns, event_keys)
+    statement = _TRIGGER_STATEMENTS.get(shape)
+    if statement is not None:
+        return statement
+
+    def bind(table, name: str, column: str):
+        kind = table.c[column].type
+        # a None bound to a JSON column would be stored as JSON null; as a value of `.values()` it was SQL NULL
+        return bindparam(name, type_=JSON(none_as_null=True) if isinstance(kind, JSON) else kind)
+
+    statement = (
+        update(_JOBS)
+        .where(_JOBS.c.id == bind(_JOBS, "t_job", "id"))
+        .values(next_checkpoint_id=bind(_JOBS, "t_next", "next_checkpoint_id"),
+                event_seq=bind(_JOBS, "t_seq", "event_seq"), last_trigger_at=bind(_JOBS, "t_last", "last_trigger_at"),
+                updated_at=bind(_JOBS, "t_updated", "updated_at"))
+        .add_cte(insert(_CPS).values({c: bind(_CPS, f"t_cp_{c}", c) for c in cp_columns}).cte("new_checkpoint"))
+        .add_cte(insert(_EVENTS).values({k: bind(_EVENTS, f"t_event_{k}", k) for k in event_keys}).cte("new_event"))
+    )
+    if len(_TRIGGER_STATEMENTS) < 64:
+        _TRIGGER_STATEMENTS[shape] = statement
+    return statement
+
+
 async def _record_trigger(s: AsyncSession, job: JobRow, cp: CheckpointRow, triggered: CheckpointTriggered, now: int) -> None:
     """The new checkpoint's row, its trigger event and the job's counters in one statement (PostgreSQL runs the
     inserts as data-modifying WITH clauses of the job's update); the session then holds them as written. The ORM
@@ -235,15 +268,11 @@ async def _record_trigger(s: AsyncSession, job: JobRow, cp: CheckpointRow, trigg
     for key, _, default in _CP_COLUMNS:
         if key not in cp.__dict__:
             set_committed_value(cp, key, default)  # as the flush would leave it: loaded, nothing to read back
-    stmt = (
-        update(_JOBS)
-        .where(_JOBS.c.id == job.id)
-        .values(next_checkpoint_id=job.next_checkpoint_id + 1, event_seq=event_row["seq"], last_trigger_at=now,
-                updated_at=now)
-        .add_cte(insert(_CPS).values(values).cte("new_checkpoint"))
-        .add_cte(insert(_EVENTS).values(event_row).cte("new_event"))
-    )
-    await s.execute(stmt)
+    params = {"t_job": job.id, "t_next": job.next_checkpoint_id + 1, "t_seq": event_row["seq"], "t_last": now,
+              "t_updated": now}
+    params.update({f"t_cp_{c}": v for c, v in values.items()})
+    params.update({f"t_event_{k}": v for k, v in event_row.items()})
+    await s.execute(_trigger_statement(tuple(values), tuple(event_row)), params)
     for key, value in (("next_checkpoint_id", job.next_checkpoint_id + 1), ("event_seq", event_row["seq"]),
                        ("last_trigger_at", now), ("updated_at", now)):
         set_committed_value(job, key, value)

@@ -52,6 +52,18 @@ async def test_a_trigger_writes_its_checkpoint_event_and_job_counters_in_one_sta
     assert [e["data"]["checkpoint_id"] for e in triggered] == [1, 2]
     assert triggered[1]["timestamp"] == (await api.checkpoint(job["id"], 2))["trigger_timestamp"]
     assert (await api.trigger(job["id"])).json()["id"] == 3
+    if not api.ctx.db.is_sqlite:
+        from sqlalchemy import text
+
+        from app.domain.checkpoints import _TRIGGER_STATEMENTS
+
+        assert len(_TRIGGER_STATEMENTS) == 1  # built once, bound anew for each trigger
+        # a column left None is SQL NULL, as the ORM writes it, not a JSON null
+        async with api.ctx.db.session() as s:
+            nulls = (await s.execute(text(
+                "SELECT count(*) FROM checkpoints WHERE job_id = :j AND decision IS NULL AND details IS NULL"
+            ), {"j": job["id"]})).scalar()
+        assert nulls == 3
 
 
 async def test_completing_writes_checkpoint_event_job_and_retention_in_one_statement_on_postgresql(api):
