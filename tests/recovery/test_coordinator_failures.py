@@ -38,12 +38,16 @@ def completed_ids(client: OvertakeClient, job_id: int) -> list[int]:
 
 
 class CoordinatorKiller:
-    """Once the job completed ``after`` checkpoints and has one pending, SIGKILL the coordinator, start it again."""
+    """Once the job completed ``after`` checkpoints and has one pending, SIGKILL the coordinator, start it again,
+    and once a checkpoint triggered after the kill completed (or at the latest after ``settle`` seconds), let the held
+    sources of ``pid_dir`` end the run: without the hold a fast run could end before any checkpoint completed after
+    the restart (a CI run ended 12.6 s in with none)."""
 
-    def __init__(self, live, name: str, after: int = 2, down: float = 1.0) -> None:
-        self.live, self.name, self.after, self.down = live, name, after, down
+    def __init__(self, live, name: str, pid_dir: str, after: int = 2, down: float = 1.0, settle: float = 60.0) -> None:
+        self.live, self.name, self.pid_dir, self.after, self.down, self.settle = live, name, pid_dir, after, down, settle
         self.before: list[int] = []
         self.pending_at_kill: int | None = None
+        self.job_id: int | None = None
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -56,6 +60,7 @@ class CoordinatorKiller:
                     if jobs and jobs[0].num_completed >= self.after:
                         pending = c.list_checkpoints(jobs[0].id, status="PENDING").items
                         if pending:
+                            self.job_id = jobs[0].id
                             self.before = completed_ids(c, jobs[0].id)
                             self.pending_at_kill = pending[0].id
                             self.live.kill()
@@ -63,18 +68,27 @@ class CoordinatorKiller:
                     time.sleep(0.02)
             time.sleep(self.down)
             self.live.start()
+            if self.job_id is not None:
+                with OvertakeClient(self.live.url) as c:
+                    end = time.monotonic() + self.settle
+                    while time.monotonic() < end:
+                        if any(i > self.pending_at_kill for i in completed_ids(c, self.job_id)):
+                            break
+                        time.sleep(0.05)
         except BaseException as e:  # noqa: BLE001 - reported by the test
             self.error = e
+        finally:
+            (Path(self.pid_dir) / RELEASE).touch()  # the run ends whatever happened here
 
 
 def test_a_coordinator_killed_during_a_checkpoint_loses_nothing_and_the_pipeline_goes_on(spark, fresh_coordinator):
     live = fresh_coordinator.start()
     count = 30_000
-    killer = CoordinatorKiller(live, "coordinator-kill")
+    pid_dir = _pids()
+    killer = CoordinatorKiller(live, "coordinator-kill", pid_dir)
     killer.thread.start()
-    result = Supervisor(keyed_counter("coordinator-kill", count, CollectSink(), _pids()), FixedDelay(3, 0.5)).run(
-        spark, live.url, checkpoint=config(), network=SMALL_BUFFERS
-    )
+    pipeline = keyed_counter("coordinator-kill", count, CollectSink(), pid_dir, held=True)
+    result = Supervisor(pipeline, FixedDelay(3, 0.5)).run(spark, live.url, checkpoint=config(), network=SMALL_BUFFERS)
     killer.thread.join(30)
     assert killer.error is None, killer.error
     assert killer.pending_at_kill is not None, "the job ended before a checkpoint was pending"
