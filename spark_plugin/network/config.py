@@ -34,7 +34,7 @@ class NetworkConfig:
     """Buffers an output channel may queue beyond its receiver's credit (the sender's credit bound, Flink's
     subpartition backlog). None: no bound, an output channel queues up to ``max_buffers_per_output_channel``
     whatever its credit, as before the bound; every unaligned checkpoint then persists those buffers too. Kept for
-    comparison (``overtake bench adaptive --credit-bound``)."""
+    comparison: ``overtake bench adaptive`` runs ``unaligned`` with and without it (``WaveSettings.unbounded``)."""
     flush_interval: float = 0.1
     """Seconds after which a partly filled output buffer is sent anyway (Flink's buffer timeout is 100 ms)."""
     debloat_target_s: float | None = None
