@@ -95,6 +95,18 @@ def _headers(value: Any) -> list[tuple[str, bytes]] | None:
     return [(str(k), serialize(v)) for k, v in items]
 
 
+def _fenced(err: Any) -> bool:
+    """Whether a Kafka error says a newer producer of the same transactional.id fenced this one: by its code, or, for
+    an error librdkafka wraps (a failed AddPartitionsToTxn inside a commit), by the broker's words it carries."""
+    from confluent_kafka import KafkaError
+
+    codes = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+    if hasattr(err, "code") and err.code() in codes:
+        return True
+    text = (err.str() if hasattr(err, "str") else str(err)).lower()
+    return "fenced" in text or "fences the current one" in text
+
+
 class KafkaSink(Sink):
     """Writes records to Kafka ``topic``: ``key(record)`` and ``value(record)`` (default: no key, the record) go
     through ``key_serializer``/``value_serializer`` (default :func:`serialize`), with optional ``headers(record)``
@@ -167,6 +179,9 @@ class KafkaSink(Sink):
     def _error(self, what: str, e: BaseException) -> KafkaSinkError:
         err = e.args[0] if e.args else e
         text = err.str() if hasattr(err, "str") else str(err)
+        if _fenced(err):
+            text += (" (this producer is fenced: a newer attempt opened a producer with the same transactional.id, "
+                     "so this attempt writes nothing more)")
         return KafkaSinkError(f"{self._where()}: {what} failed: {text}")
 
     def open(self, subtask_index: int, parallelism: int) -> None:

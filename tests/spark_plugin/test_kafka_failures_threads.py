@@ -295,7 +295,9 @@ def test_a_zombie_attempt_told_of_a_completion_after_a_new_attempt_started_write
         # fenced: at its commit, or already at a produce, where librdkafka reports the fenced producer's fatal state,
         # or in the records' delivery reports, which the commit's error names. Kafka answers a fenced epoch's
         # AddPartitionsToTxn with PRODUCER_FENCED; Tansu, while the new attempt's producer of the same id has a
-        # transaction open, sometimes leaves it unanswered, and librdkafka's commit times out: also no commit
+        # transaction open, sometimes leaves it unanswered, and librdkafka's commit times out: also no commit. A
+        # fencing the broker reports only in its own words ("... which fences the current one", inside a failed
+        # AddPartitionsToTxn) the sink names as fenced too
         assert all(
             any(w in str(e).lower() for w in ("fenced", "fatal error", "failed delivery", "timed out"))
             for e in (zombie.errors[i] for i in sinks)

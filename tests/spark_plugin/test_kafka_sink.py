@@ -412,6 +412,22 @@ def test_bad_modes_are_refused_naming_the_choices():
         KafkaSink("x:9092", "t", on_rewind="undo")
 
 
+def test_a_commit_failed_by_fencing_says_the_producer_is_fenced_whatever_words_the_broker_used():
+    """A fencing librdkafka reports by its code, or only in the broker's words inside a failed AddPartitionsToTxn
+    (as Tansu does), reads "fenced" to an operator; any other failure does not."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    sink = KafkaSink("x:9092", "t")
+    wrapped = KafkaError(KafkaError._STATE, "Failed to add partition(s) to transaction on broker 1: (null))[0](Broker: "
+                         "There is a newer producer with the same transactionalId which fences the current one)")
+    for err in (KafkaError(KafkaError._FENCED, "Producer fenced by newer instance"),
+                KafkaError(KafkaError.PRODUCER_FENCED), KafkaError(KafkaError.INVALID_PRODUCER_EPOCH), wrapped):
+        text = str(sink._error("committing checkpoints [2]", KafkaException(err)))
+        assert "committing checkpoints [2] failed" in text and "this producer is fenced" in text, text
+    text = str(sink._error("committing checkpoints [2]", KafkaException(KafkaError(KafkaError._TIMED_OUT, "timed out"))))
+    assert "fenced" not in text, text
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="Tansu returns records of aborted transactions to read_committed consumers; the sink never aborts a "
