@@ -7,9 +7,11 @@ does, with no pipeline and no state: the checkpoints are as short as the control
 own timestamps in the events, per interval:
 
 * *spacing*: from one trigger to the next (the interval honoured: spacing = interval; a checkpoint still pending when
-  the next falls due delays it, since a job has one pending at a time unless ``max_concurrent`` says more);
+  the next falls due delays it, since a job has one pending at a time unless ``max_concurrent`` says more: each
+  interval is measured at every ``max_concurrent`` of ``--max-concurrent``, 1 and 2 by default);
 * *duration*: from a trigger to its completion;
-* *gap*: from a completion to the next trigger, what the scheduler adds when the interval has already passed.
+* *gap*: from a completion to the next trigger, what the scheduler adds when the interval has already passed (at
+  ``max_concurrent`` 1 only: with more, the next checkpoint need not wait for one to complete).
 
 The coordinator runs as its own process (``app.local.LocalCoordinator``) with the service's default scheduler
 settings, on PostgreSQL when an admin URL is given (a fresh database, dropped after) and on SQLite otherwise.
@@ -43,11 +45,14 @@ class Settings:
     """PostgreSQL to run the coordinator on (a fresh database); None: SQLite."""
     scheduler_tick: float | None = None
     """``OVERTAKE_SCHEDULER_TICK`` for the coordinator; None: the service's default."""
+    max_concurrent: tuple[int, ...] = (1, 2)
+    """The jobs' ``max_concurrent``: every interval is measured at each, on a job of its own."""
 
 
 @dataclass
 class IntervalRun:
     interval_ms: int
+    max_concurrent: int = 1
     triggers: int = 0
     completed: int = 0
     spacing_ms: list[int] = field(default_factory=list)
@@ -68,18 +73,19 @@ class IntervalRun:
         return d
 
 
-def measure_interval(url: str, interval_ms: int, subtasks: int, seconds: float) -> IntervalRun:
+def measure_interval(url: str, interval_ms: int, subtasks: int, seconds: float, max_concurrent: int = 1) -> IntervalRun:
     """One job at ``interval_ms``: every checkpoint acknowledged for all subtasks in one batch at its trigger."""
     from client.sync import OvertakeClient
 
-    run = IntervalRun(interval_ms)
+    run = IntervalRun(interval_ms, max_concurrent)
     triggered: dict[int, int] = {}
     completed: dict[int, int] = {}
     with OvertakeClient(url) as admin:
         job = admin.create_job({
-            "name": f"trigger-spacing-{interval_ms}-{int(time.time() * 1000)}",
+            "name": f"trigger-spacing-{interval_ms}-{max_concurrent}-{int(time.time() * 1000)}",
             "graph": {"vertices": [{"id": "v", "parallelism": subtasks}]},
-            "checkpoint": {"policy": "unaligned", "retained": 1, "timeout": 60_000, "interval": interval_ms},
+            "checkpoint": {"policy": "unaligned", "retained": 1, "timeout": 60_000, "interval": interval_ms,
+                           "max_concurrent": max_concurrent},
         })
         attempt = admin.start_attempt(job.id)
         task = OvertakeClient(url, attempt.task_token)
@@ -127,7 +133,7 @@ def measure_interval(url: str, interval_ms: int, subtasks: int, seconds: float) 
     # the first trigger of a job counts its interval from the last subtask's running report, not from a trigger
     for a, b in zip(ids, ids[1:], strict=False):
         run.spacing_ms.append(triggered[b] - triggered[a])
-        if a in completed:
+        if a in completed and max_concurrent == 1:  # with more, the next may come before this one completed
             run.gap_ms.append(triggered[b] - completed[a])
     run.duration_ms = [completed[c] - triggered[c] for c in ids if c in completed]
     return run
@@ -151,9 +157,10 @@ def run(s: Settings, status=lambda msg: None) -> list[IntervalRun]:
         with tempfile.TemporaryDirectory(prefix="overtake-bench-triggers-") as tmp:
             coordinator = LocalCoordinator(Path(tmp), env, scheduler_tick=tick).start()
             try:
-                for interval in s.intervals:
-                    status(f"trigger spacing at {interval} ms")
-                    runs.append(measure_interval(coordinator.url, interval, s.subtasks, s.seconds))
+                for concurrent in s.max_concurrent:
+                    for interval in s.intervals:
+                        status(f"trigger spacing at {interval} ms, max_concurrent {concurrent}")
+                        runs.append(measure_interval(coordinator.url, interval, s.subtasks, s.seconds, concurrent))
             finally:
                 coordinator.stop()
     finally:
@@ -175,12 +182,13 @@ def markdown(s: Settings, runs: list[IntervalRun], command: str, machine: str) -
         f"{s.subtasks} subtasks acknowledged in one batch per checkpoint as each trigger arrives, "
         f"{s.seconds:g} s per interval.",
         "",
-        "| interval | checkpoints/s | spacing p50 | p90 | duration p50 | completion → next trigger p50 | p90 |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| interval | max_concurrent | checkpoints/s | spacing p50 | p90 | duration p50 | completion → next trigger p50 "
+        "| p90 |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in runs:
         lines.append(
-            f"| {r.interval_ms} ms | {r.per_second(s.seconds):,.1f} | {_ms(r.pct('spacing_ms', 0.5))} | "
+            f"| {r.interval_ms} ms | {r.max_concurrent} | {r.per_second(s.seconds):,.1f} | {_ms(r.pct('spacing_ms', 0.5))} | "
             f"{_ms(r.pct('spacing_ms', 0.9))} | {_ms(r.pct('duration_ms', 0.5))} | {_ms(r.pct('gap_ms', 0.5))} | "
             f"{_ms(r.pct('gap_ms', 0.9))} |"
         )
@@ -197,7 +205,8 @@ def write(s: Settings, runs: list[IntervalRun], out: Path, command: str, machine
 
 
 def headline(runs: list[IntervalRun]) -> str:
-    return ", ".join(f"{r.interval_ms} ms: spacing p50 {_ms(r.pct('spacing_ms', 0.5))}" for r in runs)
+    return ", ".join(f"{r.interval_ms} ms (max_concurrent {r.max_concurrent}): spacing p50 "
+                     f"{_ms(r.pct('spacing_ms', 0.5))}" for r in runs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,9 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=6.0)
     p.add_argument("--pg", default=None, metavar="ADMIN_URL", help="run the coordinator on PostgreSQL")
     p.add_argument("--tick", type=float, default=None, help="the coordinator's scheduler tick (s)")
+    p.add_argument("--max-concurrent", default="1,2", help="comma-separated max_concurrent settings, each measured")
     p.add_argument("--out", default="bench-results")
     a = p.parse_args(argv)
-    s = Settings(tuple(int(x) for x in a.intervals.split(",")), a.subtasks, a.seconds, a.pg, a.tick)
+    s = Settings(tuple(int(x) for x in a.intervals.split(",")), a.subtasks, a.seconds, a.pg, a.tick,
+                 tuple(int(x) for x in a.max_concurrent.split(",")))
     runs = run(s, lambda m: print(m, file=sys.stderr))
     command = "python -m benchmarks.trigger_spacing " + " ".join(argv if argv is not None else sys.argv[1:])
     path = write(s, runs, Path(a.out), command.strip(), "")

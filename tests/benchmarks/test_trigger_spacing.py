@@ -9,14 +9,16 @@ from benchmarks.trigger_spacing import Settings, markdown, run
 
 
 def test_periodic_checkpoints_are_measured_and_never_come_sooner_than_their_interval():
-    s = Settings(intervals=(20,), subtasks=3, seconds=2.0)
-    (r,) = run(s)
-    assert r.triggers >= 3 and r.completed >= 2, r.as_dict()
-    assert len(r.spacing_ms) == r.triggers - 1
-    assert min(r.spacing_ms) >= 20, r.spacing_ms  # the interval is a floor: one interval after the last trigger
-    assert all(d >= 0 for d in r.duration_ms) and all(g >= 0 for g in r.gap_ms)
-    text = markdown(s, [r], "overtake bench triggers", "2 cores")
-    assert "| 20 ms |" in text
+    s = Settings(intervals=(20,), subtasks=3, seconds=2.0, max_concurrent=(1, 2))
+    runs = run(s)
+    assert [(r.interval_ms, r.max_concurrent) for r in runs] == [(20, 1), (20, 2)]
+    for r in runs:
+        assert r.triggers >= 3 and r.completed >= 2, r.as_dict()
+        assert len(r.spacing_ms) == r.triggers - 1
+        assert min(r.spacing_ms) >= 20, r.spacing_ms  # the interval is a floor: one interval after the last trigger
+        assert all(d >= 0 for d in r.duration_ms) and all(g >= 0 for g in r.gap_ms)
+    text = markdown(s, runs, "overtake bench triggers", "2 cores")
+    assert "| 20 ms | 1 |" in text and "| 20 ms | 2 |" in text
 
 
 def test_the_scenario_is_reachable_from_overtake_bench():
