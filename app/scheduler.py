@@ -10,7 +10,15 @@ until then (at most `max_idle` seconds), or until an event (from this or another
 the future is kept to the millisecond (a 10 ms interval is honoured); `tick` only spaces passes that an event woke
 (a burst of events settles into one pass) or whose deadline had already passed (nothing spins on a deadline it could
 not act on). A checkpoint's completion or abort runs a pass at once: the next periodic trigger may be due already,
-held back only by the checkpoint that just ended."""
+held back only by the checkpoint that just ended.
+
+A pass first triggers the periodic checkpoints it knows to be due (from an earlier look at the job: their deadline
+has come, or the checkpoint that held them back has ended); `_trigger` looks again under the job's lock, so a
+deadline known from before is never acted on blindly. Only then, and only when something may have changed that the
+scheduler does not know of, does it read every job's deadlines (two transactions): after an event other than a
+checkpoint's trigger or end, when a checkpoint's own deadline (a switch to unaligned, a timeout) has come, or
+`max_idle` after the last reading. A trigger that waited for those reads came that much past its interval (4-8 ms on
+PostgreSQL, at every interval), and reads right after a trigger compete with its checkpoint's acks."""
 
 from __future__ import annotations
 
@@ -49,7 +57,16 @@ class Scheduler(BackgroundWorker):
         self._sooner = FAR  # the earliest deadline a trigger event brought since the last pass began
         self._rearm = asyncio.Event()
         self._ended = False  # a checkpoint completed or aborted since the last pass began: pass at once
+        self._other = True  # any other event (not a trigger) since the last pass began: the pass reads every job
+        self._reads_due = 0
+        """When a pass must next read every job's deadlines (ms since the epoch): the earliest checkpoint deadline
+        it knows (read, or heard in a trigger), or `max_idle` after the last reading."""
+        self.readings = 0
+        """Passes that read every job's deadlines (for tests)."""
         self._pass_began = 0  # when the last pass began (ms since the epoch)
+        self._known: dict[int, tuple[int, int]] = {}
+        """job id -> (when its next periodic checkpoint falls due, its interval), as the last look at the job found:
+        FAR while checkpoints in progress hold it back (the end of one makes it due at once, `_heard`)."""
         self._next_sweep = 0.0
         self._sweeping: asyncio.Task | None = None
         self.passes = 0
@@ -61,26 +78,33 @@ class Scheduler(BackgroundWorker):
         the scheduler (its alignment timeout's switch, its timeout): the scheduler sleeps until then at most, and
         runs no pass for it now. A pass right after every trigger would read the database while the checkpoint's
         subtasks ack it, the busiest moment of a fast checkpoint. A checkpoint that ended wakes a pass at once (the
-        job's next trigger may be waiting for it); any other event wakes one after `tick`."""
+        job's next trigger may be waiting for it: it is due now); any other event wakes one after `tick`, which reads
+        every job."""
         if getattr(event, "type", None) in _ENDED:
+            known = self._known.get(getattr(event, "job_id", None))
+            if known is not None and known[0] == FAR:
+                self._known[event.job_id] = (0, known[1])  # held back by checkpoints in progress: due at once
             self._ended = True
             self._wake.set()
             return
         due = _trigger_deadline(event)
         if due is None:
+            self._other = True
             self._wake.set()
         else:
             self._sooner = min(self._sooner, due)
+            self._reads_due = min(self._reads_due, due)
             self._rearm.set()
 
     async def _run(self) -> None:
         while True:
             next_due = now_ms() + self.max_idle * 1000
             self._wake.clear()
-            self._ended = False
+            read = self._other or now_ms() >= self._reads_due
+            self._ended = self._other = False
             self._sooner = FAR  # a trigger heard from here on is either seen by this pass or kept for the next
             try:
-                next_due = await self.run_once()
+                next_due = await self.run_once(read=read)
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - keep scheduling
@@ -118,11 +142,19 @@ class Scheduler(BackgroundWorker):
             if not done:
                 return False
 
-    async def run_once(self) -> int:
-        """One pass; returns when (ms since the epoch) the next known deadline falls due."""
+    async def run_once(self, read: bool = True) -> int:
+        """One pass; returns when (ms since the epoch) the next known deadline falls due. `read`: read every job's
+        deadlines too, after the triggers known to be due."""
         self.passes += 1
         now = self._pass_began = now_ms()
-        next_due = min(await self._expire_and_switch(now), await self._periodic_triggers(now))
+        next_due = await self._known_triggers(now)
+        if read:
+            self.readings += 1
+            self._reads_due = now + int(self.max_idle * 1000)  # lowered by a trigger heard from here on
+            expiry = await self._expire_and_switch(now)
+            self._reads_due = min(self._reads_due, expiry)
+            next_due = min(next_due, expiry, await self._periodic_triggers(now))
+        next_due = min(next_due, self._reads_due)
         if time.monotonic() >= self._next_sweep and (self._sweeping is None or self._sweeping.done()):
             self._next_sweep = time.monotonic() + 10
             # in a task of its own: the sweep waits for the blob store, which may be slow or away, and the passes
@@ -204,6 +236,21 @@ class Scheduler(BackgroundWorker):
                     now,
                 )
 
+    async def _known_triggers(self, now: int) -> int:
+        """The periodic triggers known to be due (`_known`), each as `_trigger`, which looks again under the job's
+        lock (another replica may have triggered it, the job may have ended or changed)."""
+        next_due = FAR
+        for job_id, (due, interval) in list(self._known.items()):
+            if due > now:
+                next_due = min(next_due, due)
+                continue
+            del self._known[job_id]  # `_trigger` records what it finds
+            try:
+                next_due = min(next_due, await self._trigger(job_id, interval, now_ms()))
+            except Exception as exc:  # noqa: BLE001 - one job's failure must not hold up the others
+                await self._failed(job_id, "trigger", exc)
+        return next_due
+
     async def _periodic_triggers(self, now: int) -> int:
         async with self.ctx.tx(readonly=True) as s:
             jobs = (
@@ -214,14 +261,18 @@ class Scheduler(BackgroundWorker):
                 )
             ).all()
         next_due = FAR
+        periodic = {job_id for job_id, config, *_ in jobs if isinstance(config, dict) and config.get("interval")}
+        self._known = {job_id: known for job_id, known in self._known.items() if job_id in periodic}
         for job_id, config, last, periodic_from in jobs:
-            interval = config.get("interval") if isinstance(config, dict) else None
-            if not interval:
+            if job_id not in periodic:
                 continue
             try:
-                interval = int(interval)
+                interval = _interval(config)
                 due = _due(last, periodic_from, interval)
                 if now < due:
+                    # as the job's row read: a trigger committed since (the API's, another replica's) moves it, and
+                    # `_trigger` finds that under the lock
+                    self._known[job_id] = (due, interval)
                     next_due = min(next_due, due)
                     continue
                 next_due = min(next_due, await self._trigger(job_id, interval, now))
@@ -235,23 +286,38 @@ class Scheduler(BackgroundWorker):
         retry = now + interval
         async with self.ctx.tx() as s:
             job = await lock_job(s, job_id, skip_locked=True)
-            if job is None or job.status not in ACTIVE:
-                return retry  # another replica or an ack batch holds it: the next pass looks again
+            if job is None:
+                # another replica or an ack batch holds it: the next pass looks again, or, when a checkpoint's end
+                # woke it sooner, at once
+                self._known[job_id] = (now, interval)
+                return retry
+            if job.status not in ACTIVE:
+                self._known.pop(job_id, None)
+                return retry
             # The checkpoint is triggered now, not when this pass began (its other work, on every job, came first):
             # its trigger timestamp, from which its duration counts, is the time it is created.
             now = max(now, now_ms())
-            # Re-check under the lock: another replica may have fired this one already.
+            # Re-check under the lock: another replica may have fired this one already, and the interval is the
+            # job's now (a deadline known from an earlier pass may predate a change of it).
+            interval = _interval(job.config)
+            if interval is None:
+                self._known.pop(job_id, None)
+                return FAR
+            retry = now + interval
             due = _due(job.last_trigger_at, job.periodic_from, interval)
             if now < due:
+                self._known[job_id] = (due, interval)
                 return due
             pending = await pending_ids(s, job.id)
             if trigger_refusal(job, pending, now, savepoint=False):
                 cfg = CheckpointConfig.model_validate(job.config)
                 if len(pending) >= cfg.max_concurrent:
-                    # held back by checkpoints in progress: the end of one wakes a pass (`_heard`); no polling
-                    # meanwhile (the idle pass, `max_idle`, is the fallback)
+                    # held back by checkpoints in progress: the end of one wakes a pass (`_heard`), which triggers
+                    # this job first; no polling meanwhile (the idle pass, `max_idle`, is the fallback)
+                    self._known[job_id] = (FAR, interval)
                     return FAR
                 if cfg.min_pause and job.last_completed_at is not None:
+                    self._known[job_id] = (job.last_completed_at + cfg.min_pause, interval)
                     return job.last_completed_at + cfg.min_pause
                 return retry
             try:
@@ -261,6 +327,7 @@ class Scheduler(BackgroundWorker):
                 job.scheduler_error = None
             except DomainError as exc:
                 log.info("periodic trigger of job %s skipped: %s", job_id, exc.message)
+        self._known[job_id] = (now + interval, interval)
         return now + interval
 
     async def _failed(self, job_id: int, action: str, exc: Exception) -> None:
@@ -288,6 +355,12 @@ class Scheduler(BackgroundWorker):
         for job_id, seq in jobs:
             async with self.ctx.tx() as s:
                 await trim_log(s, job_id, seq - keep)
+
+
+def _interval(config) -> int | None:
+    """A job's periodic interval (ms) from its checkpoint config, None when it has none."""
+    interval = config.get("interval") if isinstance(config, dict) else None
+    return int(interval) if interval else None
 
 
 def _due(last_trigger_at: int | None, periodic_from: int | None, interval: int) -> int:

@@ -224,8 +224,8 @@ async def test_trimming_the_event_logs_visits_only_jobs_with_events_to_trim(make
 
 async def test_a_periodic_trigger_held_back_by_a_pending_checkpoint_waits_for_its_end_not_for_a_poll(make_api):
     """The pass that finds the next periodic checkpoint due but held back by one in progress does not poll the job
-    again every interval: the end of that checkpoint wakes a pass at once (no tick), and that pass triggers. With
-    min_pause the pass looks again when the pause is over."""
+    again every interval: the end of that checkpoint wakes a pass at once (no tick), and that pass triggers it first,
+    before reading every job's deadlines. With min_pause the pass looks again when the pause is over."""
     from app.domain.context import now_ms
     from app.scheduler import FAR, Scheduler
     from contract.models import Event
@@ -242,14 +242,22 @@ async def test_a_periodic_trigger_held_back_by_a_pending_checkpoint_waits_for_it
         assert (await api.ack(job["id"], 1, "src", 0)).status_code == 200
         assert (await api.ack(paused["id"], 1, "src", 0)).status_code == 200
         (completed,) = [e for e in await api.events(job["id"]) if e["type"] == "checkpoint.completed"]
-        scheduler._heard(Event.model_validate(completed))  # as the bus hands it to the scheduler
+        # the bus handed both completions to the scheduler already; once more, as a replica's copy of one would be
+        scheduler._heard(Event.model_validate(completed))
         assert scheduler._ended and scheduler._wake.is_set()  # a pass at once, without the tick
+        # both held-back triggers are due at once: they go first in that pass, before it reads every job
+        assert scheduler._known == {job["id"]: (0, 20), paused["id"]: (0, 20)}
 
-        before = now_ms()
-        await scheduler._periodic_triggers(before)
-        assert await _completed_or_pending(api, job["id"]) == 2  # triggered by that pass
+        assert await scheduler._known_triggers(now_ms()) >= now_ms()
+        assert await _completed_or_pending(api, job["id"]) == 2  # triggered first by that pass
         assert await _completed_or_pending(api, paused["id"]) == 1  # its pause is not over
         done_at = (await api.checkpoint(paused["id"], 1))["completed_timestamp"]
+        triggered_at = (await api.checkpoint(job["id"], 2))["trigger_timestamp"]
+        assert scheduler._known == {job["id"]: (triggered_at + 20, 20), paused["id"]: (done_at + 60_000, 20)}
+        before = now_ms()
+        await scheduler._periodic_triggers(before)
+        assert await _completed_or_pending(api, job["id"]) == 2  # the pass's reads find it triggered already
+        assert await _completed_or_pending(api, paused["id"]) == 1  # its pause is not over
         assert await scheduler._trigger(paused["id"], 20, now_ms()) == done_at + 60_000  # looked at when it ends
 
 
@@ -283,3 +291,34 @@ async def test_a_deadline_the_scheduler_cannot_act_on_is_retried_once_a_tick_not
 
 async def _true_if(value: bool) -> bool:
     return value
+
+
+async def test_a_deadline_known_from_an_earlier_pass_triggers_first_and_is_checked_again_under_the_lock(make_api):
+    """A pass that wakes at a periodic deadline it knows triggers that checkpoint before reading every job (two
+    transactions the trigger would otherwise come after); the job's row, locked, has the last word: a trigger taken
+    meanwhile (here the API's) moves the deadline, and nothing is triggered sooner than one interval after it."""
+    from app.domain.context import now_ms
+    from app.scheduler import Scheduler
+
+    async with make_api(scheduler_enabled=False) as api:  # this test runs the scheduler's passes itself
+        scheduler = Scheduler(api.ctx)
+        job = await api.job(parallelism={"src": 1}, interval=200, max_concurrent=5, timeout=600_000)
+        await asyncio.sleep(0.25)
+        await scheduler._periodic_triggers(now_ms())
+        assert await _completed_or_pending(api, job["id"]) == 1
+        first = (await api.checkpoint(job["id"], 1))["trigger_timestamp"]
+        assert scheduler._known[job["id"]] == (first + 200, 200)
+
+        assert await scheduler._known_triggers(first + 199) == first + 200  # not due: nothing done
+        assert await _completed_or_pending(api, job["id"]) == 1
+        await asyncio.sleep(max(0.0, (first + 200 - now_ms()) / 1000))
+        await scheduler._known_triggers(now_ms())  # due: triggered without the pass's reads
+        assert await _completed_or_pending(api, job["id"]) == 2
+        second = (await api.checkpoint(job["id"], 2))["trigger_timestamp"]
+        assert second >= first + 200 and scheduler._known[job["id"]] == (second + 200, 200)
+
+        assert (await api.trigger(job["id"])).status_code == 201  # the API's trigger moves the deadline
+        third = (await api.checkpoint(job["id"], 3))["trigger_timestamp"]
+        await asyncio.sleep(max(0.0, (second + 200 - now_ms()) / 1000))
+        assert await scheduler._known_triggers(max(now_ms(), second + 200)) == third + 200  # checked under the lock
+        assert await _completed_or_pending(api, job["id"]) == 3
