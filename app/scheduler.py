@@ -124,7 +124,8 @@ class Scheduler(BackgroundWorker):
         floor = self.tick if next_due <= self._pass_began else _FLOOR  # overdue already when the pass began
         while True:
             self._rearm.clear()
-            due_in = (min(next_due, self._sooner) - now_ms()) / 1000
+            # from the clock's fraction of a millisecond: from `now_ms`, truncated, the wake-up came up to 1 ms late
+            due_in = (min(next_due, self._sooner) - time.time() * 1000) / 1000
             elapsed = loop.time() - began
             delay = min(self.max_idle, max(floor, elapsed + due_in)) - elapsed
             if delay <= 0:
