@@ -7,7 +7,7 @@ shown on that job (`scheduler_error`), and the pass goes on with the other jobs.
 
 It does not poll the database every tick: each pass computes when the next thing falls due and sleeps
 until then (at most `max_idle` seconds), or until an event (from this or another replica) wakes it. A deadline in
-the future is kept to the millisecond (a 10 ms interval is honoured); `tick` only spaces passes that an event woke
+the future is kept to the millisecond; `tick` only spaces passes that an event woke
 (a burst of events settles into one pass) or whose deadline had already passed (nothing spins on a deadline it could
 not act on). A checkpoint's completion or abort runs a pass at once: the next periodic trigger may be due already,
 held back only by the checkpoint that just ended.
