@@ -61,8 +61,6 @@ class Scheduler(BackgroundWorker):
         self._reads_due = 0
         """When a pass must next read every job's deadlines (ms since the epoch): the earliest checkpoint deadline
         it knows (read, or heard in a trigger), or `max_idle` after the last reading."""
-        self.readings = 0
-        """Passes that read every job's deadlines (for tests)."""
         self._pass_began = 0  # when the last pass began (ms since the epoch)
         self._known: dict[int, tuple[int, int]] = {}
         """job id -> (when its next periodic checkpoint falls due, its interval), as the last look at the job found:
@@ -150,7 +148,6 @@ class Scheduler(BackgroundWorker):
         now = self._pass_began = now_ms()
         next_due = await self._known_triggers(now)
         if read:
-            self.readings += 1
             self._reads_due = now + int(self.max_idle * 1000)  # lowered by a trigger heard from here on
             expiry = await self._expire_and_switch(now)
             self._reads_due = min(self._reads_due, expiry)
@@ -263,6 +260,7 @@ class Scheduler(BackgroundWorker):
             ).all()
         next_due = FAR
         periodic = {job_id for job_id, config, *_ in jobs if isinstance(config, dict) and config.get("interval")}
+        # (truthiness only: a value `_interval` cannot read fails that job's trigger below, not the pass)
         self._known = {job_id: known for job_id, known in self._known.items() if job_id in periodic}
         for job_id, config, last, periodic_from in jobs:
             if job_id not in periodic:
