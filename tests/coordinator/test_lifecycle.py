@@ -3,6 +3,7 @@ subsumption, retention, timeouts, declines and failure counting."""
 
 from __future__ import annotations
 
+import json
 import os
 
 from sqlalchemy import event
@@ -107,6 +108,50 @@ async def test_completing_writes_checkpoint_event_job_and_retention_in_one_state
         for older in range(1, cp_id + 1):
             assert (await api.checkpoint(jid, older))["discarded"] is (older <= cp_id - 2), (cp_id, older)
     assert (await api.trigger(jid)).json()["id"] == 5
+
+
+async def test_retention_reads_each_checkpoint_of_the_job_once_whatever_plan_the_database_chooses(api):
+    """Every completion runs retention over the job's checkpoints, and a job keeps up to `checkpoint_history` of
+    them. Retention must cost each of them one read, not one per checkpoint: with `id IN (the candidates newest
+    first, OFFSET retained)` PostgreSQL, on a young table's statistics, ran that subquery again for every row of the
+    job (a nested loop), and each completion cost the square of the history (17 ms at 280 checkpoints, the periodic
+    triggers 2.5 times their interval). Here joins that hash, merge or materialize are switched off, so a statement
+    that lets a plan run a subquery per row shows it. On SQLite, what retention keeps is checked."""
+    from app.domain import completion
+
+    job = await api.job(retained=3)
+    jid, n = job["id"], 40
+    for cp_id in range(1, n + 1):
+        assert (await api.trigger(jid)).status_code == 201
+        assert all(r.status_code == 200 for r in await api.ack_all(job, cp_id))
+    kept = [cp_id for cp_id in range(1, n + 1) if not (await api.checkpoint(jid, cp_id))["discarded"]]
+    assert kept == [n - 2, n - 1, n]
+    if api.ctx.db.is_sqlite:
+        return
+    params = {"r_job": jid, "r_oldest_kept": 2, "r_latest": n, "r_now": 0, "r_completing": n + 1}
+    for statement in (completion._DISCARD_BEYOND_RETAINED, completion._COMPLETING_DISCARD_AND_RELEASE):
+        async with api.ctx.db.session() as s:
+            conn = await s.connection()
+            for setting in ("enable_hashjoin", "enable_mergejoin", "enable_material"):
+                await conn.exec_driver_sql(f"SET LOCAL {setting} = off")
+            compiled = statement.compile(dialect=conn.dialect)
+            values = compiled.construct_params(params)
+            args = tuple(values[name] for name in compiled.positiontup)
+            plan = (await conn.exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) {compiled}", args)).scalar()
+            await s.rollback()  # ANALYZE ran the statement
+        if isinstance(plan, str):
+            plan = json.loads(plan)
+        scans = [node for node in _plan_nodes(plan[0]["Plan"]) if node.get("Relation Name") == "checkpoints"]
+        assert scans, plan
+        assert all(node["Actual Loops"] == 1 for node in scans), [
+            (node["Node Type"], node["Actual Loops"], node.get("Filter")) for node in scans
+        ]
+
+
+def _plan_nodes(node: dict):
+    yield node
+    for child in node.get("Plans", ()):
+        yield from _plan_nodes(child)
 
 
 async def test_ids_continue_after_a_coordinator_restart(make_api, request):
