@@ -1,6 +1,8 @@
 """The scheduler inside the service: periodic triggers, checkpoint timeouts, alignment-timeout switches,
 and sweeps (checkpoints' prefixes in the blob store, old events). Safe with several replicas: each action re-checks its condition
-under the job row lock, taken with SKIP LOCKED, so it happens once.
+under the job row lock, so it happens once. Timeouts and switches take it with SKIP LOCKED (a later pass looks
+again); a periodic trigger waits for it a bounded `LOCK_WAIT_MS`, so that a deadline falling inside another
+transaction on the job (the previous checkpoint's completing acks) goes as soon as that commits.
 
 Jobs are isolated: an action that fails on one job is logged, counted (`overtake_scheduler_failures_total`) and
 shown on that job (`scheduler_error`), and the pass goes on with the other jobs.
@@ -29,6 +31,7 @@ import time
 from sqlalchemy import case, func, select, update
 
 from app.db.models import CheckpointRow, EventRow, JobRow
+from app.db.session import LockWaitTimeout
 from app.domain import history
 from app.domain.checkpoints import ACTIVE, abort_checkpoint, pending_ids, trigger, trigger_refusal
 from app.domain.context import BackgroundWorker, Context, lock_job, now_ms
@@ -43,6 +46,10 @@ log = logging.getLogger(__name__)
 FAR = 2**62
 _FLOOR = 0.001
 """The shortest sleep between two passes (s), when the next deadline is still ahead."""
+LOCK_WAIT_MS = 20
+"""How long a periodic trigger waits for its job's row lock (PostgreSQL) before it leaves the job to a later pass:
+longer than a checkpoint's completing transaction or an ack batch holds it, short enough that the pass's other
+jobs do not wait long behind one."""
 _ENDED = (EventType.checkpoint_completed, EventType.checkpoint_aborted)  # compared with ==: a str-valued enum hashes by its name
 
 
@@ -283,12 +290,25 @@ class Scheduler(BackgroundWorker):
     async def _trigger(self, job_id: int, interval: int, now: int) -> int:
         """Triggers the job's periodic checkpoint if it may be taken now; returns when to look at the job again."""
         retry = now + interval
+        try:
+            return await self._trigger_locked(job_id, interval, now)
+        except LockWaitTimeout:
+            # held longer than `LOCK_WAIT_MS` (a long transaction, another replica's pass): the next pass looks
+            # again, or, when a checkpoint's end woke it sooner, at once
+            self._known[job_id] = (now, interval)
+            return retry
+
+    async def _trigger_locked(self, job_id: int, interval: int, now: int) -> int:
+        retry = now + interval
         async with self.ctx.tx() as s:
-            job = await lock_job(s, job_id, skip_locked=True)
-            if job is None:
-                # another replica or an ack batch holds it: the next pass looks again, or, when a checkpoint's end
-                # woke it sooner, at once
-                self._known[job_id] = (now, interval)
+            # Waits for the lock, a bounded while, rather than skip the job: at a short interval the deadline
+            # often falls inside the previous checkpoint's completing ack transaction, which holds the lock for its
+            # last milliseconds; skipped, the trigger went only when that completion's event arrived, 5-7 ms late.
+            # Another replica's scheduler that waits too finds the trigger taken (the deadline is checked again
+            # below).
+            job = await lock_job(s, job_id, wait_ms=LOCK_WAIT_MS)
+            if job is None:  # deleted meanwhile
+                self._known.pop(job_id, None)
                 return retry
             if job.status not in ACTIVE:
                 self._known.pop(job_id, None)

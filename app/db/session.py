@@ -32,6 +32,11 @@ class TransientDatabaseError(Exception):
         return Unavailable(f"the database is busy or unavailable ({self}); retry")
 
 
+class LockWaitTimeout(TransientDatabaseError):
+    """A lock was not granted within the transaction's `lock_timeout` (SQLSTATE 55P03). Expected where a caller
+    bounds its wait on purpose (`app.domain.context.lock_job`'s `wait_ms`): logged at debug, not as a warning."""
+
+
 def _sqlstate(exc: DBAPIError) -> str | None:
     return getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
 
@@ -144,6 +149,9 @@ class Database:
                 if is_data_exception(exc):
                     log.info("data error: %s", exc.orig)
                     raise Invalid(f"a value does not fit the database: {exc.orig}") from exc
+                if isinstance(exc, DBAPIError) and _sqlstate(exc) == "55P03":
+                    log.debug("lock wait timed out: %s", exc.orig)
+                    raise LockWaitTimeout(f"{type(exc).__name__}: {exc.orig}") from exc
                 if is_transient(exc):
                     log.warning("transient database error: %s", getattr(exc, "orig", exc))
                     raise TransientDatabaseError(f"{type(exc).__name__}: {getattr(exc, 'orig', exc)}") from exc

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Protocol
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.blobstore import BlobStore, blob_store_from_url, checkpoint_prefix
@@ -133,8 +133,18 @@ class Context:
         await self.db.dispose()
 
 
-async def lock_job(s: AsyncSession, job_id: int, skip_locked: bool = False) -> JobRow | None:
-    """Load a job holding its row lock: every write on a job's checkpoints takes it first (one lock order)."""
+async def lock_job(
+    s: AsyncSession, job_id: int, skip_locked: bool = False, wait_ms: int | None = None
+) -> JobRow | None:
+    """Load a job holding its row lock: every write on a job's checkpoints takes it first (one lock order).
+
+    `skip_locked`: None at once when another transaction holds it. `wait_ms` (PostgreSQL): wait at most that long
+    for it, then raise `LockWaitTimeout` (the transaction is lost: the caller's `tx` ends with it). The bound stays
+    on the rest of the transaction (`set_config(..., true)`, as SET LOCAL): a later statement that waits longer for
+    another lock fails the same way rather than hold the caller. SQLite has no row locks (one writer at a time):
+    both are ignored there."""
+    if wait_ms is not None and s.get_bind().dialect.name == "postgresql":
+        await s.execute(text("SELECT set_config('lock_timeout', :t, true)"), {"t": f"{int(wait_ms)}ms"})
     stmt = select(JobRow).where(JobRow.id == job_id).with_for_update(skip_locked=skip_locked)
     return (await s.execute(stmt)).scalar_one_or_none()
 
