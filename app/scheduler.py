@@ -301,12 +301,14 @@ class Scheduler(BackgroundWorker):
     async def _trigger_locked(self, job_id: int, interval: int, now: int) -> int:
         retry = now + interval
         async with self.ctx.tx() as s:
-            # Waits for the lock, a bounded while, rather than skip the job: at a short interval the deadline
-            # often falls inside the previous checkpoint's completing ack transaction, which holds the lock for its
-            # last milliseconds; skipped, the trigger went only when that completion's event arrived, 5-7 ms late.
-            # Another replica's scheduler that waits too finds the trigger taken (the deadline is checked again
-            # below).
-            job = await lock_job(s, job_id, wait_ms=LOCK_WAIT_MS)
+            # Held by another transaction, the lock is waited for, a bounded while, rather than the job skipped: at
+            # a short interval the deadline may fall inside the previous checkpoint's completing ack transaction,
+            # which holds the lock for its last milliseconds; skipped, the trigger went only when that completion's
+            # event arrived, 5-7 ms late. Another replica's scheduler that waits too finds the trigger taken (the
+            # deadline is checked again below). Tried first without a wait: the bound costs a round trip.
+            job = await lock_job(s, job_id, skip_locked=True)
+            if job is None:
+                job = await lock_job(s, job_id, wait_ms=LOCK_WAIT_MS)
             if job is None:  # deleted meanwhile
                 self._known.pop(job_id, None)
                 return retry
