@@ -16,6 +16,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     false,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -103,6 +104,12 @@ class CheckpointRow(Base):
         ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
         Index("ix_checkpoints_job_id_status", "job_id", "status"),
         Index("ix_checkpoints_status_timeout_at", "status", "timeout_at"),
+        # retention, at every completion, reads the job's checkpoints not discarded yet, newest first: the few
+        # retained, the pending and the aborted, not the history of discarded ones (up to `checkpoint_history`)
+        Index(
+            "ix_checkpoints_job_id_id_undiscarded", "job_id", "id",
+            postgresql_where=text("discarded IS false"), sqlite_where=text("discarded IS 0"),
+        ),
     )
 
     job_id: Mapped[int] = mapped_column(JobId, primary_key=True)
