@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from sqlalchemy import JSON, bindparam, func, insert, select, update
+from sqlalchemy import JSON, BigInteger, bindparam, func, insert, select, update
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import make_transient_to_detached
@@ -93,13 +93,23 @@ async def observations(s: AsyncSession, job: JobRow, backpressure: Backpressure 
     return Observations(history=tuple(history), backpressure=bp)
 
 
-async def pending_ids(s: AsyncSession, job_id: int) -> list[int]:
-    rows = await s.execute(
-        select(CheckpointRow.id)
-        .where(CheckpointRow.job_id == job_id, CheckpointRow.status == PENDING)
-        .order_by(CheckpointRow.id)
+PENDING_IDS = (
+    select(CheckpointRow.id)
+    .where(
+        CheckpointRow.job_id == bindparam("job_id", type_=BigInteger),
+        CheckpointRow.discarded.is_(False),
+        CheckpointRow.status == PENDING,
     )
-    return list(rows.scalars())
+    .order_by(CheckpointRow.id)
+)
+"""A job's pending checkpoints, oldest first. `discarded IS false` holds for every pending checkpoint (retention
+discards completed ones only): it lets the database read the index of the job's checkpoints not discarded, a
+handful, in id order, and not the job's history (which it scanned whole on a table without statistics: 1 ms at
+1,300 checkpoints, at every trigger)."""
+
+
+async def pending_ids(s: AsyncSession, job_id: int) -> list[int]:
+    return list((await s.execute(PENDING_IDS, {"job_id": job_id})).scalars())
 
 
 def trigger_refusal(job: JobRow, pending: list[int], now: int, savepoint: bool) -> str | None:

@@ -110,15 +110,17 @@ async def test_completing_writes_checkpoint_event_job_and_retention_in_one_state
     assert (await api.trigger(jid)).json()["id"] == 5
 
 
-async def test_retention_reads_each_checkpoint_of_the_job_once_whatever_plan_the_database_chooses(api):
+async def test_retention_and_the_pending_read_each_checkpoint_once_whatever_plan_the_database_chooses(api):
     """Every completion runs retention over the job's checkpoints, and a job keeps up to `checkpoint_history` of
     them. Retention must cost each of them one read, not one per checkpoint: with `id IN (the candidates newest
     first, OFFSET retained)` PostgreSQL, on a young table's statistics, ran that subquery again for every row of the
     job (a nested loop), and each completion cost the square of the history (17 ms at 280 checkpoints, the periodic
     triggers 2.5 times their interval). Here joins that hash, merge or materialize are switched off, so a statement
     that lets a plan run a subquery per row shows it; and sequential scans, so the index retention reads shows
-    whether it holds the discarded history too. On SQLite, what retention keeps is checked."""
+    whether it holds the discarded history too. A trigger's read of the job's pending checkpoints is held to the
+    same. On SQLite, what retention keeps is checked."""
     from app.domain import completion
+    from app.domain.checkpoints import PENDING_IDS
 
     job = await api.job(retained=3)
     jid, n = job["id"], 40
@@ -129,8 +131,9 @@ async def test_retention_reads_each_checkpoint_of_the_job_once_whatever_plan_the
     assert kept == [n - 2, n - 1, n]
     if api.ctx.db.is_sqlite:
         return
-    params = {"r_job": jid, "r_oldest_kept": 2, "r_latest": n, "r_now": 0, "r_completing": n + 1}
-    for statement in (completion._DISCARD_BEYOND_RETAINED, completion._COMPLETING_DISCARD_AND_RELEASE):
+    params = {"r_job": jid, "r_oldest_kept": 2, "r_latest": n, "r_now": 0, "r_completing": n + 1, "job_id": jid}
+    # and a trigger's read of the job's pending checkpoints, which reads the same index
+    for statement in (completion._DISCARD_BEYOND_RETAINED, completion._COMPLETING_DISCARD_AND_RELEASE, PENDING_IDS):
         async with api.ctx.db.session() as s:
             conn = await s.connection()
             for setting in ("enable_hashjoin", "enable_mergejoin", "enable_material", "enable_seqscan"):
