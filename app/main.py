@@ -13,6 +13,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
+from sqlalchemy import text
 
 from app import __doc__ as APP_DOC
 from app.api import acks, checkpoints, jobs, live, ops, subtasks, ui
@@ -42,6 +43,26 @@ def _operation_id(route: APIRoute) -> str:
     return route.name
 
 
+async def _warn_without_autovacuum(ctx: Context) -> None:
+    """PostgreSQL without autovacuum never learns the coordinator's tables' sizes: its plans, some cached for a
+    connection's life, stay those made on empty tables, and a checkpoint's statements cost more as its job's history
+    grows (at a 10 ms interval, 11 -> 13 ms between triggers over 2 minutes, flat with an ANALYZE every 10 s)."""
+    if ctx.db.is_sqlite:
+        return
+    try:
+        async with ctx.db.session(readonly=True) as s:
+            autovacuum = (await s.execute(text("SHOW autovacuum"))).scalar()
+    except Exception as exc:  # noqa: BLE001 - advice only: the coordinator runs either way
+        log.debug("could not read PostgreSQL's autovacuum setting: %s", exc)
+        return
+    if str(autovacuum).lower() in ("off", "false", "0"):
+        log.warning(
+            "PostgreSQL's autovacuum is off: the database never analyzes the coordinator's tables, and plans made "
+            "on them while empty make each checkpoint cost more as its job's history grows; turn autovacuum on, "
+            "or run ANALYZE on the coordinator's database every few minutes"
+        )
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     setup_logging(settings.log_level, settings.effective_log_format)
@@ -54,6 +75,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await asyncio.to_thread(upgrade, settings.effective_database_url)
         await ctx.bus.start()
         await _claim_store(ctx)
+        await _warn_without_autovacuum(ctx)
         committer = AckCommitter(ctx)
         await committer.start()
         app.state.committer = committer

@@ -263,3 +263,17 @@ async def test_metrics_reports_read_their_job_once_per_interval_not_once_per_rep
         assert (await c.post(f"/api/v1/jobs/{job}/cancel", headers=admin)).status_code == 200
         r = await c.post(path(2, 0), json=report, headers=admin)
         assert r.status_code == 409 and "CANCELLED" in r.json()["error"]["message"], r.text
+
+
+async def test_the_coordinator_warns_at_start_when_postgresql_runs_without_autovacuum(make_api, pg_url, caplog):
+    """Without autovacuum PostgreSQL never analyzes the coordinator's tables, and plans made on them while empty
+    make each checkpoint cost more as its job's history grows: the operator is told at start, and only then."""
+    from sqlalchemy import text
+
+    with caplog.at_level("WARNING"):
+        async with make_api(database_url=pg_url) as api:
+            async with api.ctx.db.session(readonly=True) as s:
+                autovacuum = (await s.execute(text("SHOW autovacuum"))).scalar()
+    warned = [rec.getMessage() for rec in caplog.records if "autovacuum is off" in rec.getMessage()]
+    assert bool(warned) == (autovacuum == "off"), (autovacuum, warned)
+    assert all("ANALYZE" in message for message in warned)
