@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import threading
@@ -210,7 +211,8 @@ def markdown(s: Settings, runs: list[IntervalRun], command: str, machine: str) -
         )
     lines += [
         "",
-        "A later fifth slower than the first: something costs more as the job's checkpoints accumulate.",
+        "Reading the first → last fifth: a last fifth slower than the first means something costs more as the "
+        "job's checkpoints accumulate.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -243,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                  tuple(int(x) for x in a.max_concurrent.split(",")))
     runs = run(s, lambda m: print(m, file=sys.stderr))
     command = "python -m benchmarks.trigger_spacing " + " ".join(argv if argv is not None else sys.argv[1:])
-    path = write(s, runs, Path(a.out), command.strip(), "")
+    path = write(s, runs, Path(a.out), command.strip(), f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the end")
     print(path.read_text())
     return 0
 
