@@ -261,7 +261,9 @@ def measure(url: str, subtasks: int, rounds: int, channel_blob_bytes: int, pause
                 mode = ("direct", "relay", "coordinator")[r % 3]
                 target = None
                 if mode != "coordinator":
+                    # read on from the last event seen: a run of many rounds outgrows one page of the job's events
                     for ev in admin.event_history(job.id, after=after, limit=1000):
+                        after = ev.id
                         if ev.type == EventType.checkpoint_triggered and ev.data["checkpoint_id"] == cp:
                             target = ev.data.get("target")
                     if target is None:
