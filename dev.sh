@@ -80,8 +80,19 @@ case "$cmd" in
     # library writes to stderr while the interpreter shuts down
     report=${OVERTAKE_TEST_REPORT:-.overtake/test-report.xml}
     mkdir -p "$(dirname "$report")"
+    # The suite runs on several workers (pytest-xdist), each with its own SparkSession and services: most of its
+    # time is Spark tests waiting for kills, restarts and paced sources, and two workers take about two thirds of
+    # one's time even on 2 cores. OVERTAKE_TEST_WORKERS sets how many (0: one process, as for a single test); a -n
+    # or -p no:xdist of your own wins.
+    workers=()
+    if ! printf '%s\n' "$@" | grep -qE '^(-n|--numprocesses|no:xdist|-pno:xdist)'; then
+      n=${OVERTAKE_TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}
+      [ "$n" -gt 4 ] && n=4
+      [ "$n" -lt 2 ] && n=0
+      workers=(-n "$n" --dist loadfile)
+    fi
     rc=0
-    "$PY" -m pytest --junitxml="$report" "$@" || rc=$?
+    "$PY" -m pytest --junitxml="$report" "${workers[@]}" "$@" || rc=$?
     "$PY" scripts/test_summary.py "$report" || true
     exit "$rc"
     ;;

@@ -54,8 +54,9 @@ def pytest_pyfunc_call(pyfuncitem):
 
 @pytest.fixture(scope="session")
 def spark():
-    """One local SparkSession for the whole pytest session, whatever directory a test is in: local[12], few shuffle
-    partitions, no UI; Python workers use this interpreter and can import the tests package.
+    """One local SparkSession for the whole pytest session (each worker of `./dev.sh test`'s pytest-xdist run is a
+    session of its own), whatever directory a test is in: local[12], few shuffle partitions, no UI; Python workers use
+    this interpreter and can import the tests package.
 
     Code under test that gets or creates a session (a benchmark run in-process) gets this one when a test asked for
     it first. A session made before it with fewer slots is stopped and made again: a narrower session kept for the
