@@ -86,8 +86,12 @@ case "$cmd" in
     # or -p no:xdist of your own wins.
     workers=()
     if ! printf '%s\n' "$@" | grep -qE '^(-n|--numprocesses|no:xdist|-pno:xdist)'; then
-      n=${OVERTAKE_TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}
-      [ "$n" -gt 4 ] && n=4
+      n=${OVERTAKE_TEST_WORKERS:-}
+      if [ -z "$n" ]; then  # by default one per core, at most 4
+        n=$(nproc 2>/dev/null || echo 1)
+        [ "$n" -gt 4 ] && n=4
+      fi
+      case "$n" in ''|*[!0-9]*) echo "OVERTAKE_TEST_WORKERS must be a number of workers, not '$n'" >&2; exit 2 ;; esac
       [ "$n" -lt 2 ] && n=0
       workers=(-n "$n" --dist loadfile)
     fi
