@@ -299,7 +299,7 @@ class KafkaSink(Sink):
             producer.send_offsets_to_transaction([mark], group, self.timeout)
             producer.commit_transaction(self.timeout)
         except KafkaException as e:
-            self._abort(producer)
+            self._abort(producer, e)
             raise self._error(f"re-committing the marker of checkpoint {last} (subtask {subtask})", e) from e
         if self.marker_recommits and self.marker_recommits[-1][0] == last:
             self.marker_recommits[-1] = (last, self.marker_recommits[-1][1] + 1)
@@ -501,11 +501,17 @@ class KafkaSink(Sink):
                 f"within {self.timeout} s"
             )
 
-    def _abort(self, producer: Any) -> None:
-        """Abort the transaction of a failed commit, when the producer still can (a fenced or failed one cannot:
-        then the broker aborts it, at the latest when a new attempt initializes the transactional id)."""
+    def _abort(self, producer: Any, cause: BaseException) -> None:
+        """Abort the transaction of a failed commit, when the producer still can. A fenced producer or one in a
+        fatal state cannot: its abort would only wait out ``timeout`` (the zombie of a restart then stayed up that
+        long before it failed), and the broker aborts the transaction anyway, at the latest when the newer attempt
+        initializes the transactional id (for a fenced one, it did already)."""
         from confluent_kafka import KafkaException
 
+        err = cause.args[0] if isinstance(cause, KafkaException) and cause.args else None
+        if err is not None and (_fenced(err) or (hasattr(err, "fatal") and err.fatal())):
+            log.info("%s: the failed commit's transaction is not aborted here: %s", self._where(), err)
+            return
         try:
             producer.abort_transaction(self.timeout)
         except KafkaException as e:
@@ -547,7 +553,7 @@ class KafkaSink(Sink):
             # record's own reason (e.g. the producer was fenced) too
             first = self._failures[0] if self._failures else None
             self._failures = []
-            self._abort(producer)
+            self._abort(producer, e)
             if isinstance(e, KafkaSinkError):
                 raise
             self._check_over()  # the purge of attempt_over failed it: say so, not "purged"
