@@ -154,7 +154,7 @@ async def _verify_sizes(ctx: Context, used: list[tuple[str, BlobRow]]) -> str | 
             return await asyncio.wait_for(ctx.store.size(key), written.STAT_TIMEOUT)
 
     keys = list(ends)
-    sizes = await asyncio.gather(*(size(k) for k in keys))
+    sizes = await _all_or_none([size(k) for k in keys])
     for key, actual in zip(keys, sizes, strict=True):
         who, row = owner[key]
         if actual is None:
@@ -162,6 +162,20 @@ async def _verify_sizes(ctx: Context, used: list[tuple[str, BlobRow]]) -> str | 
         if actual != ends[key]:
             return f"blob {row.id} of subtask {who} is cut or overwritten: object {key} has {actual} bytes, not {ends[key]}"
     return None
+
+
+async def _all_or_none(coros: list) -> list:
+    """Every coroutine's result, in order; the first that fails cancels the others, which `asyncio.gather` leaves
+    running: a store that stops answering would otherwise keep stat'ing the plan's other objects, each for its whole
+    bound, long after the request was answered (and again for every retried restore)."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def _verify_sha256(ctx: Context, used: list[tuple[str, BlobRow]]) -> str | None:

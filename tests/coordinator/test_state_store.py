@@ -1004,3 +1004,30 @@ def test_a_key_or_prefix_followed_by_a_newline_is_not_one():
     assert _check_prefix(prefix) == prefix
     with pytest.raises(Invalid):
         _check_prefix(prefix + "\n")
+
+
+async def test_a_store_that_fails_one_stat_of_a_restore_leaves_no_other_stat_running(store_api, monkeypatch):
+    """The plan's objects are stat'ed a few at a time; the first that fails answers the restore 503. The others are
+    cancelled then: left running, each would wait its whole bound on a store that does not answer, after the
+    request was answered and again for each retried restore."""
+    api = store_api
+    job = await api.job(retained=3)
+    await complete_written(api, job, "one")
+    started, cancelled = [], []
+
+    async def size(key: str) -> int | None:
+        started.append(key)
+        if len(started) == 1:
+            raise OSError("the store refused the connection")
+        try:
+            await asyncio.Event().wait()  # a store that never answers
+        except asyncio.CancelledError:
+            cancelled.append(key)
+            raise
+        return None
+
+    monkeypatch.setattr(api.ctx.store, "size", size)
+    r = await api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={})
+    assert r.status_code == 503 and "did not answer" in r.json()["error"]["message"], r.text
+    assert len(started) == sum(p for _, p in JOB_VERTICES)  # one object per subtask, all asked at once
+    assert sorted(cancelled) == sorted(started[1:])
