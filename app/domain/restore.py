@@ -178,12 +178,20 @@ async def _all_or_none(coros: list) -> list:
         raise
 
 
+HASH_FLOOR = 1 << 20
+"""Bytes per second a store returns a blob's bytes at the least while a hashing restore reads them: each read may take
+a stat's bound plus its size at this rate (1 GiB: about 17 minutes), then the restore is answered 503."""
+
+
 async def _verify_sha256(ctx: Context, used: list[tuple[str, BlobRow]]) -> str | None:
-    """Each blob read whole and hashed (OVERTAKE_VERIFY_BLOBS_ON_RESTORE=sha256)."""
+    """Each blob read whole and hashed (OVERTAKE_VERIFY_BLOBS_ON_RESTORE=sha256), each read bounded as a stat is, plus
+    the time its bytes take at `HASH_FLOOR`: a store that stops answering mid-read must not hold the request (and the
+    job's row lock) for as long as its client retries."""
     for who, row in used:
         key, offset = object_of(row)
-        async with store_answers(f"with the bytes of object {key} (no restore plan was made)"):
-            actual = await ctx.store.sha256(key, offset, row.size)
+        bound = written.STAT_TIMEOUT + row.size / HASH_FLOOR
+        async with store_answers(f"with the bytes of object {key} within {bound:.3g} s (no restore plan was made)"):
+            actual = await asyncio.wait_for(ctx.store.sha256(key, offset, row.size), bound)
         if actual is None:
             return f"blob {row.id} of subtask {who} is missing from the blob store (object {key})"
         if actual != row.sha256:

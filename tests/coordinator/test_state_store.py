@@ -1031,3 +1031,27 @@ async def test_a_store_that_fails_one_stat_of_a_restore_leaves_no_other_stat_run
     assert r.status_code == 503 and "did not answer" in r.json()["error"]["message"], r.text
     assert len(started) == sum(p for _, p in JOB_VERTICES)  # one object per subtask, all asked at once
     assert sorted(cancelled) == sorted(started[1:])
+
+
+async def test_a_hashing_restore_whose_store_stops_answering_mid_read_is_answered_503_within_its_bound(
+    make_api, monkeypatch
+):
+    """With OVERTAKE_VERIFY_BLOBS_ON_RESTORE=sha256 each blob is read whole: a read that never ends is bounded (a
+    stat's bound plus the blob's bytes at the slowest rate a store may have), answered 503 naming the object, and
+    opens no attempt."""
+    from app.domain import written as written_state
+
+    async with make_api(verify_blobs_on_restore="sha256") as api:
+        job = await api.job(retained=3)
+        await complete_written(api, job, "one")
+        monkeypatch.setattr(written_state, "STAT_TIMEOUT", 0.2)
+
+        async def sha256(key: str, start: int = 0, length: int | None = None) -> str | None:
+            await asyncio.Event().wait()  # the store took the request and never answers
+
+        monkeypatch.setattr(api.ctx.store, "sha256", sha256)
+        r = await asyncio.wait_for(api.client.post(f"/api/v1/jobs/{job['id']}/attempts", json={}), 30)
+        assert r.status_code == 503 and r.headers.get("retry-after"), r.text
+        message = r.json()["error"]["message"]
+        assert f"job-{job['id']}/cp-" in message and "within 0.2 s" in message, message
+        assert (await api.client.get(f"/api/v1/jobs/{job['id']}")).json()["current_attempt"] == 1
