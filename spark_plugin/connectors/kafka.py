@@ -63,6 +63,7 @@ MODES = ("exactly_once", "at_least_once", "none")
 REWIND = ("refuse", "duplicate")
 NO_OFFSET = -1001  # librdkafka's OFFSET_INVALID: the group has no committed offset
 MARKER_RECOMMIT_EVERY = 0.5  # s a commit marker may lag before it is committed again, alone (see _verify_marker)
+ABORT_WHEN_OVER = 2.0  # s the abort of a commit stopped because its attempt is over may take at most (see _abort)
 
 # (key, value, headers, timestamp ms) as produced
 Serialized = tuple[bytes | None, bytes | None, list[tuple[str, bytes]] | None, int | None]
@@ -505,7 +506,12 @@ class KafkaSink(Sink):
         """Abort the transaction of a failed commit, when the producer still can. A fenced producer or one in a
         fatal state cannot: its abort would only wait out ``timeout`` (the zombie of a restart then stayed up that
         long before it failed), and the broker aborts the transaction anyway, at the latest when the newer attempt
-        initializes the transactional id (for a fenced one, it did already)."""
+        initializes the transactional id (for a fenced one, it did already).
+
+        A commit stopped because its attempt is over (``attempt_over``) is aborted within ``ABORT_WHEN_OVER`` at most:
+        when a newer attempt started, its ``init_transactions`` has fenced this producer or is about to abort the
+        transaction, and the abort could only wait out ``timeout``; when the job ended, a broker that answers aborts
+        in milliseconds, so that ``read_committed`` readers do not wait for the transaction's own timeout."""
         from confluent_kafka import KafkaException
 
         err = cause.args[0] if isinstance(cause, KafkaException) and cause.args else None
@@ -513,7 +519,7 @@ class KafkaSink(Sink):
             log.info("%s: the failed commit's transaction is not aborted here: %s", self._where(), err)
             return
         try:
-            producer.abort_transaction(self.timeout)
+            producer.abort_transaction(self.timeout if self._over is None else min(self.timeout, ABORT_WHEN_OVER))
         except KafkaException as e:
             log.warning("%s: aborting the failed commit's transaction failed too: %s", self._where(), e)
 

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from spark_plugin.connectors.kafka import KafkaRewindRefused, KafkaSink, KafkaSinkError
+from spark_plugin.connectors.kafka import ABORT_WHEN_OVER, KafkaRewindRefused, KafkaSink, KafkaSinkError
 from tests.live import free_port
 
 pytestmark = pytest.mark.kafka
@@ -330,6 +330,20 @@ def test_a_commit_marker_the_broker_holds_back_is_committed_again_and_reads_back
     assert by_partition == {(0, b"b0"), (0, b"a"), (1, b"c1"), (1, b"b1")}
 
 
+class _AbortsNoted:
+    """A producer that notes the timeout of each ``abort_transaction``; everything else is the producer's own."""
+
+    def __init__(self, producer, aborts: list[float]) -> None:
+        self._producer, self._aborts = producer, aborts
+
+    def abort_transaction(self, timeout: float):
+        self._aborts.append(timeout)
+        return self._producer.abort_transaction(timeout)
+
+    def __getattr__(self, name: str):
+        return getattr(self._producer, name)
+
+
 class OverMidCommit(KafkaSink):
     """A zombie: at record ``after`` of its commit (the records before it delivered), its attempt is over and
     ``meanwhile`` runs (the next attempt starts: its ``init_transactions`` fences this producer), then the commit goes
@@ -339,6 +353,10 @@ class OverMidCommit(KafkaSink):
         super().__init__(*args, **kwargs)
         self.after, self.meanwhile = after, meanwhile
         self.produce_calls = 0
+        self.aborts: list[float] = []  # the timeout of each abort_transaction
+
+    def _transactional(self, subtask: int):
+        return _AbortsNoted(super()._transactional(subtask), self.aborts)
 
     def _produce(self, producer, item) -> None:
         self.produce_calls += 1
@@ -367,6 +385,8 @@ def test_a_zombie_told_mid_commit_that_its_attempt_is_over_produces_nothing_more
     with pytest.raises(KafkaSinkError, match="stopped committing, the attempt is over: attempt 2 started"):
         zombie.notify_checkpoint_complete(1)
     assert zombie.produce_calls == 500  # nothing after the attempt ended
+    # its abort is bounded short of the sink's timeout (10 s here): the next attempt's init_transactions has fenced it
+    assert zombie.aborts == [ABORT_WHEN_OVER] and ABORT_WHEN_OVER < zombie.timeout
     second = later["sink"]
     assert second.committed_checkpoints == [1]  # the restart committed checkpoint 1, as that zombie's was fenced
     checkpoint(second, 2, ["after"])  # a later transaction on the same partitions: its marker reads back
