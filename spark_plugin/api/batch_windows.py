@@ -54,9 +54,33 @@ def window_shape(assigner: Any) -> tuple[int, int, int]:
     if isinstance(assigner, SlidingEventTimeWindows):
         return assigner.size, assigner.slide, assigner.offset
     raise PipelineError(
-        f"window {assigner!r} over a batch stream: batch windows are TumblingEventTimeWindows.of(size) or "
-        "SlidingEventTimeWindows.of(size, slide); for session windows, rows() first and window the records"
+        f"window {assigner!r} over a batch stream: batch windows are TumblingEventTimeWindows.of(size), "
+        "SlidingEventTimeWindows.of(size, slide) or EventTimeSessionWindows.with_gap(gap)"
     )
+
+
+def checked_aggregates(what: str, aggs: dict[str, str | list[str]]) -> dict[str, list[str]]:
+    """``aggs`` with each column's aggregates as a list; PipelineError when there are none or one is unknown."""
+    checked = {c: [f] if isinstance(f, str) else list(f) for c, f in aggs.items()}
+    if not checked:
+        raise PipelineError(f"{what}: name at least one column and its aggregates")
+    for c, fns in checked.items():
+        bad = [f for f in fns if f not in AGGREGATES]
+        if bad or not fns:
+            raise PipelineError(f"{what}: {bad or fns} for column {c!r}: choose from {', '.join(AGGREGATES)}")
+    return checked
+
+
+def event_times(batch: Any, column: str, what: str) -> Any:
+    """The event times of ``batch``'s rows (its ``column``) as a NumPy int64 array of epoch ms; a row without one
+    raises ValueError (a window cannot place it)."""
+    values = epoch_ms(batch, column)
+    if values.null_count:
+        raise ValueError(
+            f"{what}: {values.null_count} rows of a batch have no event time (null in {column!r}); filter them out "
+            "before, or give them a time"
+        )
+    return values.to_numpy(zero_copy_only=False).astype("int64", copy=False)
 
 
 def assign_windows(ts: Any, size: int, slide: int, offset: int) -> tuple[Any, Any]:
@@ -95,14 +119,7 @@ class KeyedBatchWindowAggregate(TimedOperator):
         if not isinstance(allowed_lateness, int) or allowed_lateness < 0:
             raise PipelineError(f"allowed_lateness must be a non-negative number of ms, got {allowed_lateness!r}")
         self.allowed_lateness = allowed_lateness
-        self.aggs = {c: [f] if isinstance(f, str) else list(f) for c, f in aggs.items()}
-        if not self.aggs:
-            raise PipelineError(f"window aggregate {id!r}: name at least one column and its aggregates")
-        for c, fns in self.aggs.items():
-            bad = [f for f in fns if f not in AGGREGATES]
-            if bad or not fns:
-                raise PipelineError(f"window aggregate {id!r}: {bad or fns} for column {c!r}: choose from "
-                                    f"{', '.join(AGGREGATES)}")
+        self.aggs = checked_aggregates(f"window aggregate {id!r}", aggs)
         self.partials = [(c, p) for c, fns in self.aggs.items() for p in partial_aggregates(fns)]
         self.outputs = [(c, f) for c, fns in self.aggs.items() for f in fns]
         self.late_records = 0
@@ -206,13 +223,7 @@ class KeyedBatchWindowAggregate(TimedOperator):
         return process
 
     def _event_times(self, batch: Any) -> Any:
-        values = epoch_ms(batch, self.time_column)
-        if values.null_count:
-            raise ValueError(
-                f"window aggregate {self.id!r}: {values.null_count} rows of a batch have no event time (null in "
-                f"{self.time_column!r}); filter them out before, or give them a time"
-            )
-        return values.to_numpy(zero_copy_only=False).astype("int64", copy=False)
+        return event_times(batch, self.time_column, f"window aggregate {self.id!r}")
 
     def _result(self, window: TimeWindow, keys: list[Any], wins: dict[Any, list[Any]]) -> Any:
         """The result batch of ``window`` for ``keys``: key, bounds, then each aggregate."""

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from contract.models import NAME_RE, Partitioning
+from spark_plugin.api import batch_sessions as bs
 from spark_plugin.api import batch_windows as bw
 from spark_plugin.api import batches as b
 from spark_plugin.api import operators as ops
@@ -46,7 +47,7 @@ from spark_plugin.api.graph import Input, Node
 from spark_plugin.api.timers import KeyedProcessFunction
 from spark_plugin.api.validation import validate
 from spark_plugin.api.watermarks import WatermarkStrategy
-from spark_plugin.api.windows import WindowAssigner
+from spark_plugin.api.windows import EventTimeSessionWindows, WindowAssigner
 from spark_plugin.connectors.base import Sink, Source
 from spark_plugin.plan.job import JobPlan
 
@@ -231,9 +232,10 @@ class KeyedBatchStream(BatchStream):
 
     def window(self, assigner: WindowAssigner, *, timestamp: str | None = None,  # type: ignore[override]
                allowed_lateness: int = 0) -> WindowedBatchStream:
-        """Event-time windows per key (``TumblingEventTimeWindows``, ``SlidingEventTimeWindows``) over the rows'
-        time column ``timestamp`` (by default the column the source's watermark strategy names); rows up to
-        ``allowed_lateness`` ms behind the watermark still count. Follow with ``aggregate``."""
+        """Event-time windows per key (``TumblingEventTimeWindows``, ``SlidingEventTimeWindows``,
+        ``EventTimeSessionWindows``) over the rows' time column ``timestamp`` (by default the column the source's
+        watermark strategy names); rows up to ``allowed_lateness`` ms behind the watermark still count. Follow with
+        ``aggregate``."""
         return WindowedBatchStream(self, assigner, timestamp, allowed_lateness)
 
     def map_batches(self, *a: Any, **kw: Any) -> BatchStream:
@@ -248,7 +250,8 @@ class WindowedBatchStream:
 
     def __init__(self, keyed: KeyedBatchStream, assigner: WindowAssigner, timestamp: str | None,
                  allowed_lateness: int) -> None:
-        bw.window_shape(assigner)
+        if not isinstance(assigner, EventTimeSessionWindows):
+            bw.window_shape(assigner)
         if not isinstance(allowed_lateness, int) or allowed_lateness < 0:
             raise PipelineError(f"allowed_lateness must be a non-negative number of ms, got {allowed_lateness!r}")
         strategy = event_time.source_strategy(keyed.node)
@@ -273,11 +276,14 @@ class WindowedBatchStream:
     def aggregate(self, aggs: dict[str, str | list[str]], *, id: str | None = None,
                   parallelism: int | None = None) -> BatchStream:
         """``sum``, ``count``, ``min``, ``max`` or ``mean`` of columns per key and window, updated a batch at a time;
-        when the watermark passes a window's end, one batch of a row per key: the key, ``window_start``,
-        ``window_end`` (epoch ms), then ``<column>_<aggregate>``. Its ``late_records()`` are the late rows."""
+        when the watermark passes a window's end, one batch of a row per key (per key and session, for sessions):
+        the key, ``window_start``, ``window_end`` (epoch ms), then ``<column>_<aggregate>``. Its
+        ``late_records()`` are the late rows."""
         keyed = self.keyed
-        op = bw.KeyedBatchWindowAggregate(keyed.pipeline._id(id, "window-aggregate"), keyed.column, self.assigner,
-                                          self.timestamp, aggs, self.allowed_lateness, parallelism=parallelism)
+        sessions = isinstance(self.assigner, EventTimeSessionWindows)
+        kind = bs.KeyedBatchSessionAggregate if sessions else bw.KeyedBatchWindowAggregate
+        op = kind(keyed.pipeline._id(id, "window-aggregate"), keyed.column, self.assigner, self.timestamp, aggs,
+                  self.allowed_lateness, parallelism=parallelism)
         node = keyed.pipeline._add_node(op, [(keyed.node, keyed.partitioning, keyed.key_fn)])
         return BatchStream(keyed.pipeline, node)
 

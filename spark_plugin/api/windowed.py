@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from spark_plugin.api import operators as ops
+from spark_plugin.api.batch_sessions import KeyedBatchSessionAggregate
 from spark_plugin.api.batch_windows import KeyedBatchWindowAggregate
 from spark_plugin.api.errors import PipelineError
 from spark_plugin.api.graph import Node
@@ -140,7 +141,7 @@ def timed_process(keyed: KeyedStream, fn: KeyedProcessFunction, op_id: str,
 
 def late_records_operator(node: Node, op_id: str) -> SideOutput:
     """The operator reading the late records of the window operator at ``node``."""
-    if not isinstance(node.op, (WindowOperator, KeyedBatchWindowAggregate)):
+    if not isinstance(node.op, (WindowOperator, KeyedBatchWindowAggregate, KeyedBatchSessionAggregate)):
         raise PipelineError(
             f"late_records() follows a window's results (window(...).reduce/aggregate/process), not "
             f"{node.op.id!r}"

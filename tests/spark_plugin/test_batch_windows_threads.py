@@ -21,7 +21,6 @@ from spark_plugin.api.batches import SubtaskBatch
 from spark_plugin.api.timers import TimedOperator
 from spark_plugin.api.watermarks import WatermarkStrategy
 from spark_plugin.api.windows import (
-    EventTimeSessionWindows,
     SlidingEventTimeWindows,
     TimeWindow,
     TumblingEventTimeWindows,
@@ -184,15 +183,15 @@ def test_late_rows_are_dropped_counted_and_sent_to_late_records_as_on_the_record
     assert last == dict(want)
 
 
-def test_batch_windows_refuse_session_windows_and_a_source_without_watermarks_before_running(tmp_path):
+def test_batch_windows_refuse_a_source_without_watermarks_and_what_is_no_batch_window_before_running(tmp_path):
     p = Pipeline("bad", parallelism=1)
     plain = p.source(ParquetSource(str(tmp_path), batches=True), id="plain").key_by("k")
     with pytest.raises(PipelineError, match="no watermarks"):
         plain.window(TumblingEventTimeWindows.of(100))
     timed = p.source(ParquetSource(str(tmp_path), batches=True), id="timed",
                      watermarks=WatermarkStrategy.for_bounded_out_of_orderness(10, timestamp="ts")).key_by("k")
-    with pytest.raises(PipelineError, match="session windows"):
-        timed.window(EventTimeSessionWindows.with_gap(100))
+    with pytest.raises(PipelineError, match="batch windows are TumblingEventTimeWindows.*EventTimeSessionWindows"):
+        timed.window(60_000)
     with pytest.raises(PipelineError, match="choose from sum, count, min, max, mean"):
         timed.window(TumblingEventTimeWindows.of(100)).aggregate({"v": "median"})
     by_function = p.source(ParquetSource(str(tmp_path), batches=True), id="by-function",
