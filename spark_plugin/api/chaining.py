@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contract.models import Partitioning
 from spark_plugin.api.graph import Node
+from spark_plugin.api.operators import Filter, FlatMap, Map
 from spark_plugin.plan.job import JobEdge, JobPlan, JobVertex
 
 
@@ -36,4 +37,21 @@ def chain(name: str, parallelism: int, max_parallelism: int, nodes: list[Node]) 
             edge = JobEdge(src.id, v.id, partitioning, key_fn, side=getattr(node.op, "side", None))
             src.outputs.append(edge)
             v.inputs.append(edge)
+    for v in order:
+        if regenerates(v):
+            v.outputs[0].regenerated = True
     return JobPlan(name, order)
+
+
+def regenerates(v: JobVertex) -> bool:
+    """Whether the vertex regenerates its output on recovery (``spark_plugin.task.regeneration``): every operator a
+    ``map``, ``flat_map`` or ``filter`` declared deterministic (so no source and no state), fed over the network, and
+    one output, a hash edge of records (a keyed batch stream's edge cuts batches across key groups)."""
+    if not v.inputs or len(v.outputs) != 1:
+        return False
+    if not all(type(op) in (Map, FlatMap, Filter) and op.deterministic for op in v.operators):
+        return False
+    edge = v.outputs[0]
+    return edge.partitioning == Partitioning.hash and edge.side is None and not callable(
+        getattr(edge.key_fn, "split_rows", None)
+    )

@@ -68,11 +68,16 @@ class Operator:
 
 
 class FunctionOperator(Operator):
-    """A stateless operator around one user function ``fn``."""
+    """A stateless operator around one user function ``fn``.
 
-    def __init__(self, id: str, fn: Callable[[Any], Any], **kw: Any) -> None:
+    ``deterministic``: the user's promise that ``fn`` gives the same outputs, in the same order, whenever it is
+    called with the same input, and keeps nothing between calls. A chain of such operators may then regenerate its
+    outputs on recovery instead of persisting them (``spark_plugin.task.regeneration``)."""
+
+    def __init__(self, id: str, fn: Callable[[Any], Any], deterministic: bool = False, **kw: Any) -> None:
         super().__init__(id, **kw)
         self.fn = fn
+        self.deterministic = deterministic
 
     def functions(self) -> dict[str, Any]:
         return {"fn": self.fn}

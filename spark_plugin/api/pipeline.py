@@ -72,18 +72,29 @@ class Stream:
             return self.node.op.parallelism
         return parallelism
 
-    def map(self, fn: Callable[[Any], Any], *, id: str | None = None, parallelism: int | None = None) -> Stream:
-        """One output record per input record."""
-        return self._add(ops.Map(self.pipeline._id(id, "map"), fn, parallelism=self._parallelism(parallelism)))
-
-    def flat_map(self, fn: Callable[[Any], Any], *, id: str | None = None, parallelism: int | None = None) -> Stream:
-        """Any number of output records (an iterable) per input record."""
-        op = ops.FlatMap(self.pipeline._id(id, "flat_map"), fn, parallelism=self._parallelism(parallelism))
+    def map(self, fn: Callable[[Any], Any], *, id: str | None = None, parallelism: int | None = None,
+            deterministic: bool = False) -> Stream:
+        """One output record per input record. ``deterministic``: see :meth:`flat_map`."""
+        op = ops.Map(self.pipeline._id(id, "map"), fn, deterministic, parallelism=self._parallelism(parallelism))
         return self._add(op)
 
-    def filter(self, fn: Callable[[Any], bool], *, id: str | None = None, parallelism: int | None = None) -> Stream:
-        """Keep the records for which ``fn`` is true."""
-        op = ops.Filter(self.pipeline._id(id, "filter"), fn, parallelism=self._parallelism(parallelism))
+    def flat_map(self, fn: Callable[[Any], Any], *, id: str | None = None, parallelism: int | None = None,
+                 deterministic: bool = False) -> Stream:
+        """Any number of output records (an iterable) per input record.
+
+        ``deterministic=True`` promises that ``fn`` returns the same records in the same order for the same input
+        and keeps nothing between calls. A job vertex of such operators (not after a source in one chain) whose one
+        output is a ``key_by`` edge then persists, in a last-barrier checkpoint, the inputs whose outputs are still
+        in flight instead of those outputs, and regenerates them on recovery: its barrier overtakes its output queue
+        and its consumers persist nothing of it (README, "Last-barrier checkpoints")."""
+        op = ops.FlatMap(self.pipeline._id(id, "flat_map"), fn, deterministic,
+                         parallelism=self._parallelism(parallelism))
+        return self._add(op)
+
+    def filter(self, fn: Callable[[Any], bool], *, id: str | None = None, parallelism: int | None = None,
+               deterministic: bool = False) -> Stream:
+        """Keep the records for which ``fn`` is true. ``deterministic``: see :meth:`flat_map`."""
+        op = ops.Filter(self.pipeline._id(id, "filter"), fn, deterministic, parallelism=self._parallelism(parallelism))
         return self._add(op)
 
     def rebalance(self) -> Stream:

@@ -61,6 +61,25 @@ class WatermarkStatus:
         return "IDLE" if self.idle else "ACTIVE"
 
 
+class Regenerated:
+    """A record a restored subtask sent again from the inputs it logged (``spark_plugin.task.regeneration``): the
+    ``count``-th record that ``producer`` (its subtask index in the restored checkpoint's attempt) sent for the
+    record's key group. The consumer drops it when it had processed that many before the checkpoint."""
+
+    __slots__ = ("producer", "count", "record")
+
+    def __init__(self, producer: int, count: int, record: Any) -> None:
+        self.producer = producer
+        self.count = count
+        self.record = record
+
+    def __reduce__(self) -> tuple:
+        return (Regenerated, (self.producer, self.count, self.record))
+
+    def __repr__(self) -> str:
+        return f"Regenerated({self.producer}, {self.count}, {self.record!r})"
+
+
 IDLE = WatermarkStatus(True)
 ACTIVE = WatermarkStatus(False)
 

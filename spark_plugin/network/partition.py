@@ -44,6 +44,8 @@ class OutputPartition:
         self.by_key: dict[str, OutputChannel] = {}
         self.ended = False
         self._barriers_in_queue: dict[int, int] = {}
+        self.regenerated: RecordWriter | None = None
+        """The writer of the edge whose records this subtask regenerates on recovery (``JobEdge.regenerated``)."""
         for edge, key_fn in zip(edges, key_fns, strict=True):
             channels = []
             for info, key in zip(edge.channels, edge.keys, strict=True):
@@ -54,12 +56,14 @@ class OutputPartition:
                 self.channels.append(ch)
                 self.by_key[key] = ch
                 channels.append(ch)
-            self.writers.append(
-                RecordWriter(
-                    channels, edge.edge.partitioning, key_fn, edge.target_max_parallelism, network.buffer_size,
-                    mailbox, start=start,
-                )
+            writer = RecordWriter(
+                channels, edge.edge.partitioning, key_fn, edge.target_max_parallelism, network.buffer_size,
+                mailbox, start=start,
             )
+            if getattr(edge.edge, "regenerated", False):
+                writer.count_per_key_group()
+                self.regenerated = writer
+            self.writers.append(writer)
         # a side output's edge (late records of a window) gets only what its operator sends to that side
         sides = [getattr(edge.edge, "side", None) for edge in edges]
         self.emit = fan_out([w for w, side in zip(self.writers, sides, strict=True) if side is None])
@@ -108,9 +112,10 @@ class OutputPartition:
         partial = sum(b.size for w in self.writers for b in w.builders)
         return partial + sum(ch.queued_bytes() for ch in self.channels)
 
-    def broadcast_barrier(self, barrier: CheckpointBarrier, priority: bool) -> None:
+    def broadcast_barrier(self, barrier: CheckpointBarrier, priority: bool, persist: bool = True) -> None:
         """Send the barrier on every channel: at the head of each queue (``priority``; what it overtook is persisted
-        for its checkpoint) or behind the queued buffers.
+        for its checkpoint, unless ``persist`` is False: a regenerating subtask's last-barrier checkpoint logged the
+        inputs of those buffers instead) or behind the queued buffers.
 
         A priority barrier's output side of the checkpoint's channel state ends at once: what it overtook is
         recorded as it is put at the head, and nothing queued later belongs to the checkpoint; the loop then sends it
@@ -124,8 +129,10 @@ class OutputPartition:
                 return
             if priority:
                 for ch in self.channels:
-                    for buffer in ch.add_priority_barrier(barrier):
-                        self.writer.add_output_data(cid, ch.info, buffer.data, buffer.records)
+                    overtaken = ch.add_priority_barrier(barrier)
+                    if persist:
+                        for buffer in overtaken:
+                            self.writer.add_output_data(cid, ch.info, buffer.data, buffer.records)
                 self.writer.finish_output(cid)
             else:
                 self._barriers_in_queue[cid] = len(self.channels)

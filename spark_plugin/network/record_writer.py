@@ -8,6 +8,7 @@ from typing import Any
 
 from contract.keygroups import key_group, operator_index
 from contract.models import Partitioning
+from spark_plugin.network.elements import Regenerated
 from spark_plugin.network.framing import BufferBuilder
 from spark_plugin.network.mailbox import Mailbox
 from spark_plugin.network.output import OutputChannel
@@ -40,6 +41,12 @@ class RecordWriter:
             ch.on_buffer_size = partial(_resize, builder, buffer_size)
         self.mailbox = mailbox
         self.bytes_out = 0
+        self.finished = [0] * len(channels)
+        """Buffers finished per channel (handed to its queue), for a regenerating subtask's log."""
+        self.counts: list[int] | None = None
+        """Records sent per key group of the target (a regenerating subtask's hash edge; ``count_per_key_group``)."""
+        self.sent = [0] * len(channels)
+        """Records written per channel, counted with ``counts`` only."""
         try:
             self.partitioning = Partitioning(partitioning)
         except ValueError:
@@ -63,6 +70,33 @@ class RecordWriter:
             return parts[0][0] if len(parts) == 1 else None
         return key_group(self.key_fn(record), self.max_parallelism) * len(self.channels) // self.max_parallelism
 
+    def count_per_key_group(self) -> list[int]:
+        """Count the records sent per key group from now on (a regenerating subtask's hash edge); returns the
+        counts, one per key group, which the writer updates in place."""
+        if self.partitioning is not Partitioning.hash or self.key_fn is None or splits(self.key_fn):
+            raise ValueError("only a hash edge of records counts per key group")
+        self.counts = [0] * self.max_parallelism
+        self.emit = _by_key_group_counting(self.builders, self._flush, self.key_fn, self.max_parallelism, self.counts,
+                                           self.sent)
+        return self.counts
+
+    def regenerating_emit(self, producer: int, counts: list[int]) -> Emit:
+        """The emit function of a replay of logged inputs: each record is sent as :class:`Regenerated` with the
+        count ``counts`` (the old producer's, per key group, updated in place) gives it, to the channel its key group
+        goes to now."""
+        builders, flush, key_fn = self.builders, self._flush, self.key_fn
+        assert key_fn is not None
+        n, maxp = len(builders), self.max_parallelism
+
+        def emit(record: Any) -> None:
+            g = key_group(key_fn(record), maxp)
+            counts[g] += 1
+            i = g * n // maxp
+            if builders[i].add(Regenerated(producer, counts[g], record)):
+                flush(i)
+
+        return emit
+
     def broadcast(self, element: Any) -> None:
         """Append ``element`` (a watermark or status marker) to every channel's buffer, whatever the partitioning:
         in band, behind every record written before it."""
@@ -76,6 +110,7 @@ class RecordWriter:
             full, b.full = b.full, []
             for data, records in full:
                 self.bytes_out += len(data)
+                self.finished[i] += 1
                 with self.mailbox.lock:
                     self.channels[i].add_buffer(data, records)
         if not b.records:
@@ -83,6 +118,7 @@ class RecordWriter:
         records = b.records
         data = b.finish()
         self.bytes_out += len(data)
+        self.finished[i] += 1
         with self.mailbox.lock:
             self.channels[i].add_buffer(data, records)
 
@@ -136,6 +172,25 @@ def _by_key_group(builders: list[BufferBuilder], flush: Flush, key_fn: Any, max_
 
     def emit(record: Any) -> None:
         i = key_group(key_fn(record), maxp) * n // maxp
+        if builders[i].add(record):
+            flush(i)
+
+    return emit
+
+
+def _by_key_group_counting(
+    builders: list[BufferBuilder], flush: Flush, key_fn: Any, max_parallelism: int, counts: list[int], sent: list[int]
+) -> Emit:
+    """:func:`_by_key_group`, counting the records of each key group and of each channel (a regenerating subtask's
+    hash edge)."""
+    n = len(builders)
+    maxp = max_parallelism
+
+    def emit(record: Any) -> None:
+        g = key_group(key_fn(record), maxp)
+        counts[g] += 1
+        i = g * n // maxp
+        sent[i] += 1
         if builders[i].add(record):
             flush(i)
 

@@ -19,6 +19,9 @@ class JobEdge:
     partitioning: Partitioning
     key_fn: Callable[[Any], Any] | None = None
     side: str | None = None
+    regenerated: bool = False
+    """Whether the source vertex regenerates what it sent on this edge from its logged inputs on recovery
+    (``spark_plugin.task.regeneration``): a last-barrier checkpoint persists none of it on either end."""
 
 
 @dataclass

@@ -30,6 +30,8 @@ class InputChannelSpec:
     key: str
     upstream_subtask: int
     """The position of the upstream subtask in the plan's subtask order (its Spark partition)."""
+    regenerated: bool = False
+    """The upstream regenerates what it sends here (``JobEdge.regenerated``)."""
 
 
 @dataclass
@@ -80,7 +82,7 @@ def subtask_specs(plan: JobPlan) -> list[SubtaskSpec]:
             for j in _peers(e.partitioning, i, up.parallelism):
                 key = channel_key(up.id, j, v.id, i)
                 info = ChannelInfo(f"in:{key}", "input", up.id, j, e.partitioning)
-                inputs.append(InputChannelSpec(info, key, position_of[(up.id, j)]))
+                inputs.append(InputChannelSpec(info, key, position_of[(up.id, j)], e.regenerated))
         outputs = []
         for e in v.outputs:
             down = plan.vertex(e.target)

@@ -77,6 +77,14 @@ class BarrierActions(Protocol):
     def abort(self, checkpoint_id: int, reason: str) -> None:
         """Discard the checkpoint's work and decline it."""
 
+    def regenerates(self, channel: int) -> bool:
+        """Whether ``channel``'s upstream regenerates what it sent (``spark_plugin.task.regeneration``): a
+        last-barrier checkpoint persists none of it here."""
+
+    def regenerates_output(self) -> bool:
+        """Whether this subtask regenerates its output: its last-barrier snapshot logs the inputs of what its
+        barrier, forwarded with priority, overtakes."""
+
 
 class BarrierState:
     """One state of barrier handling; every event method returns the next state."""
@@ -347,9 +355,15 @@ class CollectingLastBarrier(CollectingBarriers):
         now = actions.now_ms()
         actions.snapshot(self.barrier, bool(self.overtook), self.first_barrier_ms)
         for ch in sorted(self.overtook & actions.live_channels()):
+            if actions.regenerates(ch):
+                continue  # its upstream logged the inputs of what the barrier overtook: nothing persisted here
             actions.start_persisting(ch, self.checkpoint_id)  # the rest of the buffer in hand, if it is this one's
             actions.stop_persisting(ch, self.checkpoint_id)  # and the buffers queued ahead of the barrier
-        actions.forward_barrier(self.barrier.as_aligned(), priority=False)
+        if actions.regenerates_output():
+            # its snapshot logged the inputs of its queued outputs: the barrier overtakes them, nothing is persisted
+            actions.forward_barrier(self.barrier.as_unaligned(), priority=True)
+        else:
+            actions.forward_barrier(self.barrier.as_aligned(), priority=False)
         actions.unblock_all()
         actions.finish_input(self.checkpoint_id, now)
         return WAITING

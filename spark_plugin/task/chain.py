@@ -13,7 +13,8 @@ from pyspark import cloudpickle
 from contract.models import RestoreState, SourcePosition
 from spark_plugin.api.operators import Operator, SourceOperator
 from spark_plugin.connectors.base import PartitionedSource, Source
-from spark_plugin.network.recovered import FetchBlob
+from spark_plugin.network.recovered import FetchBlob, RestoreMismatch
+from spark_plugin.task.regeneration import COUNTS, LOG, InputCounts, OutputLog
 
 Emit = Callable[[Any], None]
 
@@ -32,6 +33,10 @@ class OperatorChain:
         """The subtask's event-time state (watermarks per input channel, ...), snapshotted with the operators."""
         self.restored_event_time: list[Any] = []
         """The event-time state of every blob restored (several after a rescale)."""
+        self.output_log: OutputLog | None = None
+        """A regenerating subtask's log of inputs (``spark_plugin.task.regeneration``), set by the subtask."""
+        self.input_counts: InputCounts | None = None
+        """The records processed per producer and key group of regenerating input edges, set by the subtask."""
 
     @classmethod
     def copy_of(cls, operators: list[Operator]) -> OperatorChain:
@@ -72,13 +77,20 @@ class OperatorChain:
             if over is not None:
                 over(reason)
 
-    def snapshot(self, checkpoint_id: int) -> bytes | None:
-        """Every operator's state for the checkpoint, as one blob (None when the chain is stateless)."""
+    def snapshot(self, checkpoint_id: int, regenerate: bool = False) -> bytes | None:
+        """Every operator's state for the checkpoint, as one blob (None when the chain is stateless); with
+        ``regenerate`` (a last-barrier checkpoint) also the log of inputs of a regenerating subtask and the counts of
+        a consumer of one."""
         states = {op.id: op.snapshot(checkpoint_id) for op in self.operators}
         event_time = self.event_time_state() if self.event_time_state is not None else None
-        if all(s is None for s in states.values()) and event_time is None:
+        extra: dict[str, Any] = {}
+        if regenerate and self.output_log is not None:
+            extra[LOG] = self.output_log.snapshot()
+        if regenerate and self.input_counts is not None:
+            extra[COUNTS] = self.input_counts.snapshot()
+        if all(s is None for s in states.values()) and event_time is None and not extra:
             return None
-        blob: dict[str, Any] = {"operators": states}
+        blob: dict[str, Any] = {"operators": states, **extra}
         if event_time is not None:
             blob["event_time"] = event_time
         return pickle.dumps(blob, protocol=5)
@@ -95,6 +107,16 @@ class OperatorChain:
                 op.restore(state)
         if data.get("event_time") is not None:
             self.restored_event_time.append(data["event_time"])
+        if data.get(LOG) is not None and not keyed_only:
+            if self.output_log is None:
+                raise RestoreMismatch(
+                    "the checkpoint holds inputs whose outputs this vertex regenerates, but its operators are no "
+                    "longer all map, flat_map or filter with deterministic=True and one key_by output: declare them "
+                    "so again, or restore from a checkpoint that is not a last-barrier one"
+                )
+            self.output_log.restored.append(data[LOG])
+        if data.get(COUNTS) and self.input_counts is not None:
+            self.input_counts.restore(data[COUNTS])
 
     def restore_slices(self, slices: list[RestoreState], fetch: FetchBlob, subtask_index: int, parallelism: int) -> int:
         """Load the operator state of a restore plan, this subtask's own slice first; returns the blobs loaded.

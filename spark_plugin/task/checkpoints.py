@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from contract.models import ChannelSegment
+from contract.models import BarrierPolicy, ChannelSegment
 from spark_plugin.network.barrier import CheckpointBarrier
 from spark_plugin.network.input import InputGate
 from spark_plugin.network.partition import OutputPartition
@@ -46,6 +46,9 @@ class PendingCheckpoint:
     """Snapshotted while the subtask still replayed restored in-flight data."""
     over_budget: int | None = None
     """Taken aligned over its in-flight budget: the in-flight bytes seen when it would have gone unaligned."""
+    logged_bytes: int = 0
+    """The inputs a regenerating subtask logged in place of its in-flight outputs (part of its operator state),
+    counted as persisted in-flight data."""
 
 
 def _whole(result: ChannelStateResult) -> tuple[bytes | None, list[ChannelSegment]]:
@@ -68,6 +71,7 @@ class CheckpointController:
         in_hand: Callable[[int], bytes | None],
         key_group_range: tuple[int, int] | None,
         during_recovery: bool = False,
+        regenerated_inputs: set[int] | None = None,
     ) -> None:
         self.name = name
         self.chain = chain
@@ -82,6 +86,8 @@ class CheckpointController:
         self.during_recovery = during_recovery
         """Whether a checkpoint may start while the subtask replays restored in-flight data (the unreplayed rest is
         persisted as that checkpoint's channel state, by the same persisters and partition as any in-flight data)."""
+        self.regenerated_inputs = regenerated_inputs or set()
+        """Input channels whose upstream regenerates its output (``spark_plugin.task.regeneration``)."""
         self.pending: dict[int, PendingCheckpoint] = {}
         self._bytes_at_first_barrier: dict[int, int] = {}
         self._over_budget: dict[int, int] = {}
@@ -96,8 +102,13 @@ class CheckpointController:
     def now_ms(self) -> int:
         return now_ms()
 
+    replaying_in_hand: Callable[[], bool] = staticmethod(lambda: False)
+    """Whether the buffer in hand was taken while the gate still recovered (set by the subtask)."""
+
     def recovering(self) -> bool:
-        return self.gate.recovering and not self.during_recovery
+        # the last buffer of a replay counts until it is processed: a regenerating channel's records in it are
+        # neither persisted by this subtask nor logged by its upstream in a checkpoint taken meanwhile
+        return (self.gate.recovering or self.replaying_in_hand()) and not self.during_recovery
 
     def first_barrier(self, checkpoint_id: int) -> None:
         # an aligned checkpoint snapshots only when alignment ends: what it processed counts from its first barrier
@@ -106,7 +117,10 @@ class CheckpointController:
     def snapshot(self, barrier: CheckpointBarrier, unaligned: bool, first_barrier_ms: int) -> None:
         t0 = time.perf_counter()
         cid = barrier.checkpoint_id
-        operator_state = self.chain.snapshot(cid)
+        regenerate = barrier.policy is BarrierPolicy.unaligned_last_barrier
+        operator_state = self.chain.snapshot(cid, regenerate=regenerate)
+        log = self.chain.output_log
+        logged = log.snapshot_bytes if regenerate and log is not None else 0
         source = self.chain.source
         offsets = source.offsets() if source is not None else None
         with self.lock:
@@ -127,13 +141,22 @@ class CheckpointController:
             during_recovery=self.gate.recovering,
             over_budget=over_budget,
             converted=over_budget is not None,  # its barrier stays in band: its output never switches
+            logged_bytes=logged,
         )
 
     def forward_barrier(self, barrier: CheckpointBarrier, priority: bool) -> None:
         p = self.pending.get(barrier.checkpoint_id)
         if p is not None and priority:
             p.converted = True
-        self.partition.broadcast_barrier(barrier, priority)
+        # a regenerating subtask's last-barrier snapshot logged the inputs of what its barrier overtakes
+        persist = not (self.regenerates_output() and barrier.policy is BarrierPolicy.unaligned_last_barrier)
+        self.partition.broadcast_barrier(barrier, priority, persist)
+
+    def regenerates(self, channel: int) -> bool:
+        return channel in self.regenerated_inputs
+
+    def regenerates_output(self) -> bool:
+        return self.chain.output_log is not None
 
     def block(self, channel: int) -> None:
         self.gate.block(channel)
@@ -253,12 +276,13 @@ class CheckpointController:
                 "alignment_duration": max(0, (p.last_barrier_ms or p.first_barrier_ms) - p.first_barrier_ms),
                 "start_delay": max(0, p.first_barrier_ms - p.barrier.trigger_timestamp),
                 "processed_data": p.processed_bytes,
-                "persisted_data": result.persisted_bytes,
+                "persisted_data": result.persisted_bytes + p.logged_bytes,
                 "unaligned": p.unaligned,
                 "aligned_over_budget": p.over_budget is not None and not p.unaligned,
             }
             self.log.append(
-                {"checkpoint_id": cid, "unaligned": p.unaligned, "persisted": result.persisted_bytes,
+                {"checkpoint_id": cid, "unaligned": p.unaligned, "persisted": result.persisted_bytes + p.logged_bytes,
+                 "logged": p.logged_bytes,
                  "referenced": result.referenced_bytes, "written": len(result.data),
                  "segments": len(result.segments), "policy": p.barrier.policy.value,
                  "trigger_timestamp": p.barrier.trigger_timestamp, "alignment_timeout": p.barrier.alignment_timeout,

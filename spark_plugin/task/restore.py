@@ -39,6 +39,8 @@ class RestoreStats:
     restored_bytes: int = 0
     rerouted_records: int = 0
     """In-flight records that went to another channel or subtask than the one they were persisted for."""
+    regenerated_inputs: int = 0
+    """Logged inputs whose outputs were sent again (``spark_plugin.task.regeneration``)."""
 
     def add(self, outputs: Recovered, inputs: Recovered) -> None:
         self.output_buffers += outputs.buffers
@@ -64,6 +66,14 @@ def restore_subtask(
     except RestoreMismatch as e:
         raise RestoreMismatch(f"restore of {spec.name}: {e}") from None
     stats.add(outputs, inputs)
+    log, counts = subtask.chain.output_log, subtask.chain.input_counts
+    if log is not None and log.restored:
+        # the outputs the restored checkpoint's inputs regenerate go out first; the counts they carry are the old
+        # attempt's, so no checkpoint may start before they all arrived (and at the consumers, below)
+        stats.regenerated_inputs = log.replay(subtask.chain.bind)
+        subtask.checkpoints.during_recovery = False
+    if counts is not None and counts.restored:
+        subtask.checkpoints.during_recovery = False
     if checkpoint_id is not None:
         subtask.handler.restored(checkpoint_id)
     if stats.rerouted_records:

@@ -37,6 +37,7 @@ from spark_plugin.task.event_time import EventTime
 from spark_plugin.task.events import EventFeed
 from spark_plugin.task.metrics import LiveMetrics
 from spark_plugin.task.recovery import RecoveryProgress
+from spark_plugin.task.regeneration import InputCounts, OutputLog
 from spark_plugin.task.source_reader import Read, SourceReader
 from spark_plugin.task.state_store import StateTargets, StateWriter
 
@@ -108,6 +109,23 @@ class Subtask:
         self.partition = OutputPartition(spec.outputs, key_fns, net, self.mailbox, self.writer, spec.subtask_index)
         chain.open(spec.subtask_index, spec.parallelism, spec.max_parallelism)
         self.process = chain.bind(self.partition.emit)
+        self.key_group_range = key_group_range(spec.subtask_index, spec.max_parallelism, spec.parallelism)
+        # regenerated outputs (``spark_plugin.task.regeneration``): this subtask logs its inputs, or counts what it
+        # processed of a regenerating upstream's
+        if self.partition.regenerated is not None:
+            chain.output_log = OutputLog(
+                self.partition.regenerated, net.exclusive_buffers_per_channel + net.floating_buffers_per_gate,
+                spec.subtask_index,
+            )
+            self.process = chain.output_log.wrap(self.process)
+        self.channel_process: dict[int, Callable[[Any], None]] = {}
+        """The function that processes the records of each regenerating input channel (counting them)."""
+        regenerated = [(i, c) for i, c in enumerate(spec.inputs) if c.regenerated]
+        if regenerated:
+            chain.input_counts = InputCounts(self.input_key_fns, spec.max_parallelism, self.key_group_range)
+            for i, c in regenerated:
+                assert c.info.peer_vertex is not None and c.info.peer_subtask is not None
+                self.channel_process[i] = chain.input_counts.wrap(self.process, c.info.peer_vertex, c.info.peer_subtask)
         chain.bind_side_outputs(self.partition.side_emits)
         # event time: watermarks in from the source or the input channels, timers, watermarks out
         self.event_time = EventTime(spec, chain, self.partition)
@@ -116,13 +134,13 @@ class Subtask:
         self.ending = False
         targets = StateTargets()
         self.ack_worker = AckWorker(reporter, max_outage, targets=targets, writer=state_writer)
-        self.key_group_range = key_group_range(spec.subtask_index, spec.max_parallelism, spec.parallelism)
         self.keyed_range = self.key_group_range if chain.keyed else None
         self.checkpoints = CheckpointController(
             spec.name, chain, self.gate, self.partition, self.writer, self.ack_worker,
             bytes_in=lambda: self.bytes_in, in_hand=self._in_hand, key_group_range=self.keyed_range,
-            during_recovery=self.network.checkpoints_during_recovery,
+            during_recovery=self.network.checkpoints_during_recovery, regenerated_inputs=set(self.channel_process),
         )
+        self.checkpoints.replaying_in_hand = lambda: self.current is not None and self.current_in_recovery
         self.handler = BarrierHandler(self.checkpoints)
         self.reader = (
             SourceReader(chain.source, final_checkpoint, self.ack_worker.request_checkpoint)
@@ -139,6 +157,9 @@ class Subtask:
         )
         self.current: BufferReader | None = None
         self.current_recovered = False
+        self.current_in_recovery = False
+        """The buffer in hand was taken while the gate still recovered (a restored one, or one sent before its
+        upstream's ``RECOVERY_END``)."""
         self.records_in = 0
         self.bytes_in = 0
         self.running_reported = False
@@ -257,6 +278,7 @@ class Subtask:
             self.bytes_in += len(data)
             self.current = BufferReader(data, ch.index)
             self.current_recovered = kind is RecoveredBuffer
+            self.current_in_recovery = self.gate.recovering
             if self.current_recovered and self.recovery is not None:
                 self.recovery.replayed_input += len(data)
         elif kind is Barrier:
@@ -272,7 +294,8 @@ class Subtask:
     def _process_current(self) -> None:
         reader = self.current
         assert reader is not None
-        process = self.process
+        # a regenerating channel's records are counted, unless restored (they came from the old attempt's subtasks)
+        process = self.process if self.current_recovered else self.channel_process.get(reader.channel, self.process)
         priority = self.gate.priority
         events = self.events.queue
         partition = self.partition

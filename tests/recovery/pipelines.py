@@ -77,17 +77,22 @@ class HeldSplit:
 
 
 def keyed_counter(
-    name: str, count: int | None, sink, pid_dir: str | Path, delay: float = 0.0003, held: bool = False
+    name: str, count: int | None, sink, pid_dir: str | Path, delay: float = 0.0003, held: bool = False,
+    regenerated: bool = False,
 ) -> Pipeline:
-    """``held``: the sources keep their last tenth until the ``WorkerKiller`` on ``pid_dir`` is done."""
+    """``held``: the sources keep their last tenth until the ``WorkerKiller`` on ``pid_dir`` is done.
+    ``regenerated``: a deterministic map of its own (one subtask, fed by both sources) before the counting, which
+    regenerates its outputs from logged inputs (``spark_plugin.task.regeneration``)."""
     p = Pipeline(name, parallelism=2)
     source = (
         HeldSequenceSource(count, KEYS, str(Path(pid_dir) / RELEASE)) if held and count is not None
         else SequenceSource(count=count, keys=KEYS)
     )
+    stream = p.source(source, id="src").map(Announce(str(pid_dir)), id="announce")
+    if regenerated:  # one subtask: each source's records stay in order through it
+        stream = stream.rebalance().map(Announce(str(pid_dir)), id="regen", deterministic=True, parallelism=1)
     (
-        p.source(source, id="src")
-        .map(Announce(str(pid_dir)), id="announce")
+        stream
         .key_by(lambda r: r[0])
         .process(SlowCountPerKey(str(pid_dir), delay), id="count")
         .sink(sink, id="out")

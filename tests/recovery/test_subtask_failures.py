@@ -55,10 +55,10 @@ def checkpoint_config(policy: str) -> CheckpointConfig:
 
 
 def run_with_kills(spark, coordinator, name: str, policy: str, sink, pid_dir, seed: int, count: int,
-                   config: CheckpointConfig | None = None):
+                   config: CheckpointConfig | None = None, regenerated: bool = False):
     pid_dir.mkdir()
-    pipeline = keyed_counter(name, count, sink, pid_dir, held=True)
-    with WorkerKiller(pid_dir, TASKS, KILLS, seed) as killer:
+    pipeline = keyed_counter(name, count, sink, pid_dir, held=True, regenerated=regenerated)
+    with WorkerKiller(pid_dir, TASKS + regenerated, KILLS, seed) as killer:
         result = Supervisor(pipeline, FixedDelay(max_restarts=KILLS + 3, delay=0.2)).run(
             spark, coordinator.url, checkpoint=config or checkpoint_config(policy), network=SMALL_BUFFERS
         )
@@ -107,6 +107,26 @@ def test_killed_subtasks_leave_file_output_exactly_once_unaligned_last_barrier(s
     assert any(r.restored is not None for r in result.restarts), "no restart restored a checkpoint"
     check_exactly_once(file_rows(out), COUNT)
     assert not list((out / ".pending").iterdir())
+
+
+def test_killed_subtasks_leave_file_output_exactly_once_with_regenerated_outputs(spark, coordinator, tmp_path):
+    # a deterministic map between the sources and the counting: its last-barrier checkpoints log its inputs in place
+    # of its in-flight outputs, and each restore regenerates them (the counting drops what it had processed)
+    out = tmp_path / "out"
+    result = run_with_kills(
+        spark, coordinator, "kill-regenerated", "unaligned_last_barrier", FileSink(str(out)), tmp_path / "pids", 41,
+        COUNT, regenerated=True,
+    )
+    assert any(r.restored is not None for r in result.restarts), "no restart restored a checkpoint"
+    check_exactly_once(file_rows(out), COUNT)
+    with OvertakeClient(coordinator.url) as client:
+        done = [c for c in client.list_checkpoints(result.job_id, limit=1000).items
+                if c.status.value == "COMPLETED" and not c.is_savepoint]
+        stats = [st for c in done for st in client.get_checkpoint(result.job_id, c.id).subtasks]
+    # the counting's only input is the map's edge: none of the map's outputs was persisted there, in any checkpoint;
+    # what the map persisted is its input (the sources' records its barriers overtook, and its logged inputs)
+    assert stats and all(st.persisted_data == 0 for st in stats if st.vertex == "count")
+    assert any(st.persisted_data > 0 for st in stats if st.vertex == "regen")
 
 
 def test_killed_subtasks_leave_file_output_exactly_once_adaptive(spark, coordinator, tmp_path):

@@ -71,6 +71,17 @@ class RecordingActions:
     def now_ms(self) -> int:
         return self.now
 
+    regenerated: frozenset[int] = frozenset()
+    """Input channels whose upstream regenerates its output."""
+    regenerating = False
+    """Whether this subtask regenerates its output."""
+
+    def regenerates(self, channel: int) -> bool:
+        return channel in self.regenerated
+
+    def regenerates_output(self) -> bool:
+        return self.regenerating
+
     def take(self) -> list[tuple]:
         out, self.calls = self.calls, []
         return out
