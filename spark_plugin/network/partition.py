@@ -61,7 +61,7 @@ class OutputPartition:
                 mailbox, start=start,
             )
             if getattr(edge.edge, "regenerated", False):
-                writer.count_per_key_group()
+                writer.track_outputs()  # before ``emit`` below takes the writer's emit function
                 self.regenerated = writer
             self.writers.append(writer)
         # a side output's edge (late records of a window) gets only what its operator sends to that side

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -45,8 +46,10 @@ class RecordWriter:
         """Buffers finished per channel (handed to its queue), for a regenerating subtask's log."""
         self.counts: list[int] | None = None
         """Records sent per key group of the target (a regenerating subtask's hash edge; ``count_per_key_group``)."""
-        self.sent = [0] * len(channels)
-        """Records written per channel, counted with ``counts`` only."""
+        self.out_groups: array[int] | None = None
+        self.out_buffers: array[int] | None = None
+        """Per record written since ``track_outputs``: its key group, and the index of the buffer it went into
+        (``finished`` of its channel then)."""
         try:
             self.partitioning = Partitioning(partitioning)
         except ValueError:
@@ -76,9 +79,23 @@ class RecordWriter:
         if self.partitioning is not Partitioning.hash or self.key_fn is None or splits(self.key_fn):
             raise ValueError("only a hash edge of records counts per key group")
         self.counts = [0] * self.max_parallelism
-        self.emit = _by_key_group_counting(self.builders, self._flush, self.key_fn, self.max_parallelism, self.counts,
-                                           self.sent)
+        self._counting()
         return self.counts
+
+    def track_outputs(self) -> tuple[array[int], array[int]]:
+        """Record, for every record written from now on, its key group and the buffer it went into (a regenerating
+        subtask's log, ``spark_plugin.task.regeneration``); returns the two arrays, which the writer appends to."""
+        if self.out_groups is None or self.out_buffers is None:
+            if self.counts is None:
+                self.count_per_key_group()
+            self.out_groups, self.out_buffers = array("H"), array("q")
+            self._counting()
+        return self.out_groups, self.out_buffers
+
+    def _counting(self) -> None:
+        assert self.counts is not None
+        self.emit = _by_key_group_counting(self.builders, self._flush, self.key_fn, self.max_parallelism, self.counts,
+                                           self.finished, self.out_groups, self.out_buffers)
 
     def regenerating_emit(self, producer: int, counts: list[int]) -> Emit:
         """The emit function of a replay of logged inputs: each record is sent as :class:`Regenerated` with the
@@ -179,22 +196,35 @@ def _by_key_group(builders: list[BufferBuilder], flush: Flush, key_fn: Any, max_
 
 
 def _by_key_group_counting(
-    builders: list[BufferBuilder], flush: Flush, key_fn: Any, max_parallelism: int, counts: list[int], sent: list[int]
+    builders: list[BufferBuilder], flush: Flush, key_fn: Any, max_parallelism: int, counts: list[int],
+    finished: list[int], groups: array[int] | None, buffers: array[int] | None,
 ) -> Emit:
-    """:func:`_by_key_group`, counting the records of each key group and of each channel (a regenerating subtask's
-    hash edge)."""
+    """:func:`_by_key_group`, counting the records of each key group and, with ``groups`` and ``buffers``, noting
+    each record's key group and the buffer it goes into (a regenerating subtask's hash edge)."""
     n = len(builders)
     maxp = max_parallelism
+    if groups is None or buffers is None:
 
-    def emit(record: Any) -> None:
+        def counted(record: Any) -> None:
+            g = key_group(key_fn(record), maxp)
+            counts[g] += 1
+            i = g * n // maxp
+            if builders[i].add(record):
+                flush(i)
+
+        return counted
+    note_group, note_buffer = groups.append, buffers.append
+
+    def noted(record: Any) -> None:
         g = key_group(key_fn(record), maxp)
         counts[g] += 1
         i = g * n // maxp
-        sent[i] += 1
+        note_group(g)
+        note_buffer(finished[i])
         if builders[i].add(record):
             flush(i)
 
-    return emit
+    return noted
 
 
 def splits(key_fn: Any) -> bool:

@@ -35,6 +35,9 @@ from spark_plugin.network.record_writer import RecordWriter
 
 Emit = Callable[[Any], None]
 
+TRIM_EVERY = 32
+"""Inputs logged between two trims of the log: a log holds at most this many inputs more than it needs."""
+
 LOG = "regenerate"
 """A producer's part of its state blob: ``{"producer": subtask index, "counts": [per key group], "inputs": [...]}``."""
 
@@ -43,17 +46,28 @@ COUNTS = "consumed"
 
 
 class OutputLog:
-    """A regenerating subtask's log of the inputs whose outputs may still be unprocessed downstream."""
+    """A regenerating subtask's log of the inputs whose outputs may still be unprocessed downstream.
+
+    Kept flat, since a 1:1 ``map`` logs every record: the inputs in a deque, and per output, in the writer's arrays,
+    its key group and the index of the buffer it went into (``RecordWriter.track_outputs``); no object per input
+    besides the input itself."""
 
     def __init__(self, writer: RecordWriter, unprocessed_per_channel: int, subtask_index: int) -> None:
         self.writer = writer
-        self.counts = writer.counts if writer.counts is not None else writer.count_per_key_group()
+        self.groups, self.buffers = writer.track_outputs()
+        assert writer.counts is not None
+        self.counts = writer.counts
         self.unprocessed = unprocessed_per_channel
         """Buffers of a channel its consumer may hold unprocessed: its exclusive and floating buffers."""
         self.subtask_index = subtask_index
-        self.entries: deque[tuple[Any, list[int], list[int], list[int]]] = deque()
-        """``(input, counts per key group before it, buffers per channel holding what was written before it,
-        records written per channel before it)``, oldest first."""
+        self.records: deque[Any] = deque()
+        """The inputs kept, oldest first."""
+        self.starts: deque[int] = deque()
+        """The number of each kept input's first output (outputs numbered from 0 as the log began)."""
+        self.base = 0
+        """The number of the output the arrays' first element is."""
+        self.head_counts = [0] * len(self.counts)
+        """Outputs per key group of the inputs forgotten: the counts before the oldest input kept."""
         self.restored: list[dict[str, Any]] = []
         """The logs of the restored checkpoint's subtasks that map to this one, replayed before the loop."""
         self.snapshot_bytes = 0
@@ -61,46 +75,57 @@ class OutputLog:
 
     def wrap(self, process: Emit) -> Emit:
         """``process`` with every input logged first."""
-        entries, counts, finished, sent, trim = (
-            self.entries, self.counts, self.writer.finished, self.writer.sent, self.trim
-        )
-        builders = self.writer.builders
+        records, starts, groups, trim = self.records, self.starts, self.groups, self.trim
+        since = [0]
 
         def logged(record: Any) -> None:
-            # per channel, the buffers that hold what was written so far (finished ones and the one filling)
-            holding = [f + (b.records > 0) for f, b in zip(finished, builders, strict=True)]
-            entries.append((record, counts.copy(), holding, sent.copy()))
-            if len(entries) > 1:
+            records.append(record)
+            starts.append(self.base + len(groups))
+            since[0] += 1
+            if since[0] >= TRIM_EVERY:  # now and then: it reads every channel's queue (the snapshot trims too)
+                since[0] = 0
                 trim()
             process(record)
 
         return logged
 
     def trim(self) -> None:
-        """Forget the oldest inputs whose outputs are all in buffers processed downstream. An input's outputs on a
-        channel it wrote to are in the buffers that held what was written when the next input came; those are
-        processed once they are sent and older than the last ``unprocessed`` sent."""
-        entries = self.entries
+        """Forget the oldest inputs whose outputs are all in buffers processed downstream: sent, and older than the
+        last ``unprocessed`` sent on their channel."""
+        records, starts, groups, buffers = self.records, self.starts, self.groups, self.buffers
         channels = self.writer.channels
-        finished = self.writer.finished
+        n, maxp = len(channels), len(self.counts)
         # buffers of each channel surely processed downstream: finished, minus those still queued here, minus those
         # the consumer may hold (a stale queue count read here is too high, never too low: the sender only takes)
-        done = [f - ch.buffers - self.unprocessed for f, ch in zip(finished, channels, strict=True)]
-        while len(entries) > 1:
-            head, after = entries[0], entries[1]
-            for c, (before, then) in enumerate(zip(head[3], after[3], strict=True)):
-                if then != before and after[2][c] > done[c]:
-                    return
-            entries.popleft()
+        done = [f - ch.buffers - self.unprocessed for f, ch in zip(self.writer.finished, channels, strict=True)]
+        base, head = self.base, self.head_counts
+        total = base + len(groups)
+        while records:
+            first = starts[0] - base
+            last = (starts[1] if len(starts) > 1 else total) - base
+            for k in range(first, last):
+                if buffers[k] >= done[groups[k] * n // maxp]:
+                    break
+            else:
+                for k in range(first, last):
+                    head[groups[k]] += 1
+                records.popleft()
+                starts.popleft()
+                continue
+            break
+        cut = (starts[0] if starts else total) - base
+        if cut > 4096 and cut > len(groups) // 2:  # the arrays' forgotten head, dropped now and then
+            del groups[:cut]
+            del buffers[:cut]
+            self.base = base + cut
 
     def snapshot(self) -> dict[str, Any]:
         """The inputs still logged (pickled: :attr:`snapshot_bytes` is their size, the in-flight data this
         checkpoint persists in place of their outputs) and the counts before the first of them."""
         self.trim()
-        counts = self.entries[0][1] if self.entries else self.counts
-        inputs = pickle.dumps([e[0] for e in self.entries], protocol=5)
-        self.snapshot_bytes = len(inputs) if self.entries else 0
-        return {"producer": self.subtask_index, "counts": list(counts), "inputs": inputs}
+        inputs = pickle.dumps(list(self.records), protocol=5)
+        self.snapshot_bytes = len(inputs) if self.records else 0
+        return {"producer": self.subtask_index, "counts": list(self.head_counts), "inputs": inputs}
 
     def replay(self, bind: Callable[[Emit], Emit]) -> int:
         """Send the outputs of every restored log again (before any other output); returns the inputs replayed.
