@@ -6,7 +6,6 @@ rescaled, regenerates them and delivers every output exactly once, in order per 
 from __future__ import annotations
 
 import pickle
-import time
 
 import pytest
 
@@ -18,25 +17,12 @@ from spark_plugin.task.regeneration import COUNTS, LOG, logged_inputs
 from spark_plugin.testing.threads import ThreadedRun
 from tests.spark_plugin.consistency import flat_cut_of_checkpoint
 from tests.spark_plugin.fakes import InMemoryCoordinator
+from tests.spark_plugin.test_last_barrier_threads import FANOUT, SUBTASKS, fan_out, slow_per_input
 from tests.spark_plugin.test_rescale_threads import rescale_plan
 from tests.spark_plugin.test_restore_threads import plan_from_acks
 from tests.spark_plugin.test_subtask_threads import SMALL, wait_for
 
-FANOUT = 100
 SOURCE_RECORDS = 1500
-SUBTASKS = 6  # src, flat and slow (with its sink chained), two of each
-
-
-def fan_out(record):
-    key, seq, _payload = record
-    return [(key, seq, j) for j in range(FANOUT)]
-
-
-def slow_per_input(key, record, state):
-    if record[2] == 0:
-        time.sleep(0.002)  # 2 ms for the outputs of one source record
-    state.update((state.value() or 0) + 1)
-    return [record]
 
 
 def pipeline(deterministic: bool = True, flat: int = 2, slow: int = 2) -> Pipeline:
