@@ -65,9 +65,15 @@ def test_the_report_has_one_row_per_policy_and_its_json_the_summary(tmp_path):
     assert [r["policy"] for r in data["runs"]] == ["unaligned", "unaligned_last_barrier"]
 
 
-def test_last_barrier_is_scenario_14_of_overtake_bench_and_runs_first_barrier_last_barrier_and_aligned():
+def test_last_barrier_is_scenario_14_of_overtake_bench_and_runs_first_barrier_last_barrier_regenerated_and_aligned():
     assert cli.bench_args(["14"]).chosen == ["last-barrier"]
     s = options.last_barrier_settings_from(cli.bench_args(["last-barrier"], quick=True, seconds=5))
     assert (s.seconds, s.quick) == (5, True)
-    assert s.policies == ("unaligned", "unaligned_last_barrier", "aligned")
+    assert s.policies == ("unaligned", "unaligned_last_barrier", last_barrier.REGENERATED, "aligned")
     assert s.fanout == 100
+
+
+def test_only_the_regenerated_variant_declares_the_flat_map_deterministic():
+    s = last_barrier.Settings.quick_settings()
+    edge = lambda regenerated: last_barrier.flat_map_pipeline("p", s, regenerated).plan().vertex("flat").outputs[0]  # noqa: E731
+    assert edge(True).regenerated and not edge(False).regenerated
