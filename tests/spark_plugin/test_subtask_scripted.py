@@ -8,7 +8,7 @@ from contract.events import CheckpointCompleted
 from spark_plugin import Pipeline
 from spark_plugin.connectors import CollectSink, SequenceSource
 from spark_plugin.network.barrier import CheckpointBarrier
-from spark_plugin.network.channel_items import END, Barrier, Buffer, PriorityBarrier
+from spark_plugin.network.channel_items import END, RECOVERY_END, Barrier, Buffer, PriorityBarrier
 from spark_plugin.network.config import NetworkConfig
 from spark_plugin.network.framing import encode_records
 from spark_plugin.network.output_items import OutBarrier, OutPriorityBarrier
@@ -327,3 +327,21 @@ def test_an_aligned_checkpoint_reports_the_bytes_processed_between_its_first_and
     assert metrics["unaligned"] is False
     assert metrics["processed_data"] == len(during)  # what came through channel 1 while channel 0 was blocked
     assert metrics["persisted_data"] == 0
+
+
+def test_the_last_buffer_of_a_replay_counts_as_recovery_until_it_is_processed():
+    """Without checkpoints during recovery, a checkpoint may not start while the buffer in hand came before an
+    upstream's RECOVERY_END (a regenerating upstream's replayed records are persisted by no one in that checkpoint),
+    even once the gate's recovery is over."""
+    coord = InMemoryCoordinator()
+    st = build("m", sink_pipeline(), coord)
+    st.checkpoints.during_recovery = False
+    ch = st.gate.channels[0]
+    ch.items.extend([Buffer(encode_records(range(10))), RECOVERY_END])
+    st.gate.start_recovery()
+    assert st._take_input()  # the replay's last buffer, taken while the gate recovers
+    with st.lock:
+        assert st.gate._recovery_phase() is None  # its upstream's RECOVERY_END is next: the gate's recovery is over
+    assert not st.gate.recovering and st.checkpoints.recovering()
+    st._process_current()
+    assert st.current is None and not st.checkpoints.recovering()
